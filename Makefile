@@ -1,0 +1,33 @@
+# Two commands: `make demo` (synthetic head CT -> ViT -> predictions and rollout maps) and `make test`.
+VENV ?= .venv
+PYTHON ?= python3
+BIN := $(VENV)/bin
+OUT ?= outputs/demo
+
+.PHONY: demo test lint format clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $@
+
+demo: $(VENV)/.installed
+	$(BIN)/vit-ct fit --config configs/demo.yaml
+	$(BIN)/vit-ct predict --config configs/demo.yaml --ckpt_path "$$($(BIN)/python -m vit_ct.summary best_checkpoint)" \
+		--data.init_args.predict_split test --output_dir $(OUT)
+	@$(BIN)/python -m vit_ct.summary report $(OUT)
+
+test: $(VENV)/.installed
+	$(BIN)/python -m pytest
+
+lint: $(VENV)/.installed
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+format: $(VENV)/.installed
+	$(BIN)/ruff check --fix . && $(BIN)/ruff format .
+
+clean:
+	rm -rf runs outputs .pytest_cache
