@@ -1,0 +1,158 @@
+"""Time and peak memory of attention rollout (Abnar & Zuidema 2020, arXiv:2005.00928) for a batch of CT slices:
+every head of every block and a full T x T product against heads fused in the hook and the class-token row only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import timm
+import torch
+
+from vit_ct.attention import num_prefix_tokens, patch_grid, record_attention
+from vit_ct.explain import explain_gradient_rollout, explain_rollout
+from vit_ct.rollout import attention_rollout
+
+VARIANTS = ("forward", "naive", "lean", "gradient")
+DESCRIPTIONS = {
+    "forward": "model forward only (fused attention): the floor",
+    "naive": "every head of every block recorded, full T x T rollout",
+    "lean": "heads fused in the hook, class-token row propagated",
+    "gradient": "gradient rollout (Chefer et al. 2021): keep_graph + autograd.grad",
+}
+
+
+USAGE = """examples:
+  .venv/bin/python benchmarks/rollout_memory.py          # ViT-B/16 at 512 x 512, batch 2: a few minutes on 1 CPU thread
+  .venv/bin/python benchmarks/rollout_memory.py --model vit_tiny_patch16_224 --img-size 224 --batch 8
+
+memory: each variant runs in a fresh subprocess (no allocator cache or earlier variant carries over) that builds
+the model and batch, resets the kernel's resident-set high-water mark (echo 5 > /proc/self/clear_refs), explains
+the batch once and reads VmHWM from /proc/self/status. "Peak MB above baseline" is that peak minus the resident
+set just before: what the explanation needed, model forward included, on top of weights, batch and libraries.
+It is the kernel's exact peak, not a sample (tracemalloc does not see torch's allocations). Where the reset is
+refused, ru_maxrss (the peak over the whole subprocess) is used instead and the table says so.
+"""
+
+
+def _status_kb(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"{field} missing from /proc/self/status")
+
+
+def _reset_peak() -> bool:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
+    except OSError:
+        return False
+    return _status_kb("VmHWM") <= _status_kb("VmRSS") + 1024
+
+
+def _explain(variant: str, model: torch.nn.Module, images: torch.Tensor, head_fusion: str) -> torch.Tensor:
+    if variant == "forward":
+        with torch.no_grad():
+            return model(images)
+    if variant == "naive":
+        with torch.no_grad(), record_attention(model) as attentions:
+            model(images)
+        return attention_rollout(
+            attentions,
+            head_fusion=head_fusion,
+            num_prefix_tokens=num_prefix_tokens(model),
+            grid_size=patch_grid(model, images.shape),
+        )
+    if variant == "lean":
+        return explain_rollout(model, images, head_fusion=head_fusion)
+    return explain_gradient_rollout(model, images)
+
+
+def run_child(args: argparse.Namespace) -> None:
+    """Runs one variant in this (fresh) process and prints its measurements as one JSON line."""
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)  # same random weights and batch in every subprocess
+    model = timm.create_model(
+        args.model, pretrained=False, img_size=args.img_size, in_chans=args.in_chans, num_classes=args.num_classes
+    ).eval()
+    images = torch.randn(args.batch, args.in_chans, args.img_size, args.img_size)
+    exact = _reset_peak()
+    rss_before = _status_kb("VmRSS")
+    start = time.perf_counter()
+    maps = _explain(args.child, model, images, args.head_fusion)
+    seconds = time.perf_counter() - start
+    # ru_maxrss: kB on Linux, the peak over the whole process life
+    peak = _status_kb("VmHWM") if exact else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if args.maps_out:
+        torch.save(maps, args.maps_out)
+    print(json.dumps(dict(seconds=seconds, peak_mb=peak / 1024, extra_mb=(peak - rss_before) / 1024, exact=exact)))
+
+
+def run_variant(args: argparse.Namespace, variant: str, maps_out: Path) -> dict:
+    command = [sys.executable, __file__, "--child", variant, "--maps-out", str(maps_out)]
+    for name in ("model", "img_size", "in_chans", "num_classes", "batch", "threads", "head_fusion"):
+        command += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    if done.returncode != 0:
+        raise RuntimeError(f"variant {variant} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, epilog=USAGE, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", default="vit_base_patch16_224", help="timm architecture (random weights)")
+    parser.add_argument("--img-size", type=int, default=512)
+    parser.add_argument("--in-chans", type=int, default=1)
+    parser.add_argument("--num-classes", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per variant")
+    parser.add_argument("--head-fusion", default="mean", choices=("mean", "max", "min"))
+    parser.add_argument("--variants", nargs="+", default=["forward", "naive", "lean"], choices=VARIANTS)
+    parser.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
+    parser.add_argument("--maps-out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        run_child(args)
+        return
+
+    tokens = (args.img_size // 16) ** 2 + 1 if "patch16" in args.model else None
+    print(
+        f"{args.model}, img_size={args.img_size}, in_chans={args.in_chans}, batch={args.batch}, "
+        f"threads={args.threads}, head_fusion={args.head_fusion}" + (f", T={tokens}" if tokens else "")
+    )
+    results, maps = {}, {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for variant in args.variants:
+            results[variant] = run_variant(args, variant, Path(tmp) / f"{variant}.pt")
+            maps[variant] = torch.load(Path(tmp) / f"{variant}.pt")
+            print(f"  {variant}: {results[variant]['seconds']:.1f} s", file=sys.stderr)
+
+    reference = results.get("naive") or results[args.variants[0]]
+    print()
+    print("| variant | batch | seconds | peak MB above baseline | peak RSS MB | memory ratio to naive | what |")
+    print("|---|---:|---:|---:|---:|---:|---|")
+    for variant, r in results.items():
+        ratio = r["extra_mb"] / reference["extra_mb"]
+        print(
+            f"| {variant} | {args.batch} | {r['seconds']:.1f} | {r['extra_mb']:.0f} | {r['peak_mb']:.0f} | "
+            f"{ratio:.2f} | {DESCRIPTIONS[variant]} |"
+        )
+    if not all(r["exact"] for r in results.values()):
+        print("\nclear_refs was refused: peaks are ru_maxrss over each whole subprocess, baseline included")
+    if "naive" in maps and "lean" in maps:
+        difference = (maps["naive"] - maps["lean"]).abs().max().item()
+        print(f"\nmax |naive - lean| over the maps: {difference:.2e}")
+
+
+if __name__ == "__main__":
+    main()

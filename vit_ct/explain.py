@@ -1,0 +1,84 @@
+"""Run a timm ViT on a batch and explain its decision as a patch map: attention rollout
+(Abnar & Zuidema 2020, arXiv:2005.00928) or gradient-weighted rollout (Chefer et al. 2021, arXiv:2103.15679).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from vit_ct.attention import num_prefix_tokens, patch_grid, record_attention
+from vit_ct.rollout import HeadFusion, class_token_rollout, gradient_rollout
+
+
+def explain_rollout(
+    model: nn.Module, images: torch.Tensor, *, head_fusion: HeadFusion = "mean", discard_ratio: float = 0.0
+) -> torch.Tensor:
+    """Attention-rollout maps of a batch, the memory-lean way: heads fused in the hook, class-token row only.
+
+    Call `model.eval()` first, or attention dropout makes the maps random.
+
+    Args:
+        model: a timm `VisionTransformer` or a module holding one whose forward takes `images`.
+        images: `(B, C, H, W)` input batch, as the model takes it.
+        head_fusion: `mean`, `max` or `min` over the heads of each block.
+        discard_ratio: fraction in [0, 1) of each image's lowest patch-to-patch weights zeroed per block.
+
+    Returns:
+        `(B, grid_h, grid_w)` float32 maps, non-negative, on the device of `images`.
+    """
+    with torch.no_grad(), record_attention(model, head_fusion=head_fusion) as attentions:
+        model(images)
+    return class_token_rollout(
+        attentions,
+        head_fusion=head_fusion,
+        discard_ratio=discard_ratio,
+        num_prefix_tokens=num_prefix_tokens(model),
+        grid_size=patch_grid(model, images.shape),
+    ).float()
+
+
+def _target_logit(logits: torch.Tensor, target: int | torch.Tensor | None) -> torch.Tensor:
+    """(B, classes) logits -> (B,) logit being explained."""
+    if logits.dim() == 1 or logits.shape[-1] == 1:  # binary: the positive (lesion) logit
+        return logits.reshape(logits.shape[0])
+    if target is None:
+        target = logits.argmax(dim=-1)
+    target = torch.as_tensor(target, device=logits.device).expand(logits.shape[0])
+    if target.min() < 0 or target.max() >= logits.shape[-1]:
+        raise ValueError(f"target must be a class index in [0, {logits.shape[-1]}), got {target.tolist()}")
+    return logits.gather(-1, target[:, None].long())[:, 0]
+
+
+def explain_gradient_rollout(
+    model: nn.Module, images: torch.Tensor, *, target: int | torch.Tensor | None = None
+) -> torch.Tensor:
+    """Gradient-weighted rollout maps of a batch (Chefer et al. 2021) for one logit per image.
+
+    Works inside `torch.inference_mode()` / `torch.no_grad()` (e.g. a Lightning `predict_step`): gradients are
+    switched back on locally, and taken with `torch.autograd.grad`, so the parameters' `.grad` stay untouched
+    and frozen parameters are fine. Call `model.eval()` first.
+
+    Args:
+        model: a timm `VisionTransformer` or a module holding one whose forward returns `(B, classes)` logits.
+        images: `(B, C, H, W)` input batch, as the model takes it.
+        target: class explained: an index, one index per image, or `None` for each image's top class. Ignored
+            for a single-logit (binary) model, whose positive logit is explained.
+
+    Returns:
+        `(B, grid_h, grid_w)` float32 maps, non-negative, on the device of `images`.
+    """
+    with torch.inference_mode(False), torch.enable_grad():
+        # an inference-mode tensor cannot enter autograd, its clone can; requires_grad keeps the attention
+        # in the graph even when every parameter is frozen
+        images = images.clone().requires_grad_(True)
+        with record_attention(model, keep_graph=True) as attentions:
+            logits = model(images)
+        # images are independent in a ViT, so the gradient of the sum is each image's own gradient
+        gradients = torch.autograd.grad(_target_logit(logits, target).sum(), attentions)
+    return gradient_rollout(
+        [a.detach() for a in attentions],
+        gradients,
+        num_prefix_tokens=num_prefix_tokens(model),
+        grid_size=patch_grid(model, images.shape),
+    ).float()
