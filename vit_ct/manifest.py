@@ -1,0 +1,362 @@
+"""The manifest CSV that lists a user's own CT slices: read and check it, split it by patient, check its files.
+
+Columns (CONTRACT.md): `image`, `label` (or named label columns), `patient_id`, `split`, `mask`, `slice`.
+Rows are named by their line number in the CSV file (the header is line 1), as a text editor or spreadsheet shows.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import pandas as pd
+from rich.progress import MofNCompleteColumn, Progress
+
+from vit_ct.reader import probe_ct_slice, probe_mask
+
+SPLITS = ("train", "val", "test")
+_MAX_LISTED = 20  # lines named per problem in one error message
+
+
+class BadFile(NamedTuple):
+    """One unusable file found by `validate_manifest_files`."""
+
+    line: int  # line number in the manifest CSV (header = line 1), or the 1-based row when the table has no CSV
+    column: str  # "image" or "mask"
+    path: str  # absolute path that was tried
+    reason: str
+
+
+def _lines(values: Sequence[int]) -> str:
+    shown = ", ".join(str(v) for v in values[:_MAX_LISTED])
+    return shown + (f" (and {len(values) - _MAX_LISTED} more)" if len(values) > _MAX_LISTED else "")
+
+
+def _read_rows(path: Path) -> tuple[list[str], list[list[str]], list[int]]:
+    """Header, data rows and the CSV line each row starts on; the csv module keeps line numbers exact."""
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as f:  # -sig: spreadsheets often write a byte-order mark
+            reader = csv.reader(f)
+            header: list[str] | None = None
+            rows, lines = [], []
+            start = 1
+            for record in reader:
+                if any(cell.strip() for cell in record):
+                    if header is None:
+                        header = [cell.strip() for cell in record]
+                    else:
+                        rows.append(record)
+                        lines.append(start)
+                start = reader.line_num + 1
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise ValueError(f"manifest {path} is not a readable UTF-8 CSV: {e}") from None
+    if header is None:
+        raise ValueError(f"manifest {path} is empty; expected a CSV with a header row such as image,label,patient_id")
+    bad = [line for line, row in zip(lines, rows, strict=True) if len(row) > len(header)]
+    if bad:
+        raise ValueError(f"manifest {path}: lines {_lines(bad)} have more fields than the header ({len(header)})")
+    return header, rows, lines
+
+
+def _integers(df: pd.DataFrame, column: str, path: Path, *, allowed: str, valid, required: bool) -> pd.Series:
+    """Parse a text column of whole numbers ("3", "3.0"); empty cells are <NA> unless `required`."""
+    values, bad = [], []
+    for text, line in zip(df[column], df["manifest_line"], strict=True):
+        if text == "":
+            values.append(pd.NA)
+            if required:
+                bad.append(line)
+            continue
+        try:
+            number = float(text)
+        except ValueError:
+            number = math.nan
+        if not (number.is_integer() and valid(int(number))):
+            bad.append(line)
+            values.append(pd.NA)
+        else:
+            values.append(int(number))
+    if bad:
+        raise ValueError(f"manifest {path}: column '{column}' must hold {allowed}; bad value on lines {_lines(bad)}")
+    return pd.Series(values, index=df.index, dtype="Int64")
+
+
+def _blank_to_none(texts: pd.Series) -> pd.Series:
+    return pd.Series([None if t == "" or pd.isna(t) else t for t in texts], index=texts.index, dtype=object)
+
+
+def _resolve(texts: pd.Series, folder: Path) -> pd.Series:
+    def one(text: str):
+        if text == "":
+            return None
+        p = Path(os.path.expanduser(text))
+        return os.path.normpath(p if p.is_absolute() else folder / p)
+
+    return pd.Series([one(t) for t in texts], index=texts.index, dtype=object)
+
+
+def read_manifest(
+    path: str | os.PathLike, *, label_columns: Sequence[str] | None = None, require_labels: bool = True
+) -> pd.DataFrame:
+    """Read and check a manifest CSV.
+
+    Args:
+        path: the CSV file. Relative `image`/`mask` paths are taken relative to its folder.
+        label_columns: names of 0/1 columns for multi-label data (e.g. RSNA's five ICH types); `None` means one
+            integer `label` column (0 = no lesion).
+        require_labels: if False, unlabelled rows (empty label cells, or no `label` column at all) are allowed and
+            get <NA>, e.g. for prediction on new data.
+
+    Returns:
+        One row per slice: `image` and `mask` as absolute paths (`image_ref`, `mask_ref`: the text as written),
+        the label column(s) as Int64, `patient_id` and `split` (lower case) as text or <NA>, `slice` as Int64 or <NA>,
+        `manifest_line` (the row's line in the CSV), and any other columns untouched as text.
+        `df.attrs["label_columns"]` holds the multi-label names (or None) and `df.attrs["manifest"]` the CSV path.
+
+    Raises:
+        ValueError: naming the file and the CSV line numbers, for a missing/empty/unreadable CSV, a missing `image`,
+            `label` or named label column, empty image cells, labels that are not integers >= 0 (0/1 for
+            multi-label), unknown split names, a bad `slice`, or a patient given two different splits.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"manifest {path} not found")
+    header, rows, lines = _read_rows(path)
+    if not rows:
+        raise ValueError(f"manifest {path} has a header but no data rows")
+    dupes = sorted({c for c in header if header.count(c) > 1})
+    if dupes:
+        raise ValueError(f"manifest {path}: column(s) {dupes} appear more than once in the header")
+    width = len(header)
+    df = pd.DataFrame([[cell.strip() for cell in row] + [""] * (width - len(row)) for row in rows], columns=header)
+    df = df.astype(object)
+    df["manifest_line"] = lines
+
+    def need(column: str, why: str) -> None:
+        if column not in df.columns:
+            hint = ""
+            if len(header) == 1 and any(sep in header[0] for sep in ";\t|"):
+                hint = f" (the header reads {header[0]!r}: is the file comma-separated?)"
+            raise ValueError(f"manifest {path} lacks the '{column}' column {why}; header: {header}{hint}")
+
+    need("image", "(path of each slice)")
+    empty = [line for text, line in zip(df["image"], lines, strict=True) if text == ""]
+    if empty:
+        raise ValueError(f"manifest {path}: empty 'image' on lines {_lines(empty)}")
+    folder = path.resolve().parent
+    df["image_ref"] = df["image"]
+    df["image"] = _resolve(df["image"], folder)
+
+    if label_columns is None:
+        if "label" in df.columns:
+            df["label"] = _integers(
+                df, "label", path, allowed="integers >= 0", valid=lambda v: v >= 0, required=require_labels
+            )
+        elif require_labels:
+            need("label", "(integer class, 0 = no lesion; or pass label_columns for multi-label data)")
+        else:
+            df["label"] = pd.array([pd.NA] * len(df), dtype="Int64")
+    else:
+        label_columns = [label_columns] if isinstance(label_columns, str) else list(label_columns)
+        if not label_columns:
+            raise ValueError("label_columns is empty; give the names of the 0/1 label columns, or None")
+        for column in label_columns:
+            need(column, "(named in label_columns)")
+            df[column] = _integers(
+                df, column, path, allowed="0 or 1", valid=lambda v: v in (0, 1), required=require_labels
+            )
+
+    if "mask" in df.columns:
+        df["mask_ref"] = _blank_to_none(df["mask"])
+        df["mask"] = _resolve(df["mask"], folder)
+    if "slice" in df.columns:
+        df["slice"] = _integers(df, "slice", path, allowed="integers >= 0", valid=lambda v: v >= 0, required=False)
+    if "patient_id" in df.columns:
+        df["patient_id"] = _blank_to_none(df["patient_id"])
+    if "split" in df.columns:
+        df["split"] = _blank_to_none(df["split"].str.lower())
+        unknown = [line for s, line in zip(df["split"], lines, strict=True) if s is not None and s not in SPLITS]
+        if unknown:
+            raise ValueError(
+                f"manifest {path}: 'split' must be one of {', '.join(SPLITS)} or empty; bad on lines {_lines(unknown)}"
+            )
+        _check_patient_splits(df, f"manifest {path}")
+    df.attrs["label_columns"] = label_columns
+    df.attrs["manifest"] = str(path)
+    return df
+
+
+def _check_patient_splits(df: pd.DataFrame, where: str) -> None:
+    """A patient given two different splits would leak slices between training and evaluation."""
+    if "patient_id" not in df.columns or "split" not in df.columns:
+        return
+    given = df[df["patient_id"].notna() & df["split"].notna()]
+    problems = []
+    for patient, group in given.groupby("patient_id", sort=True):
+        if group["split"].nunique() > 1:
+            splits = ", ".join(f"{s} (lines {_lines(list(g['manifest_line']))})" for s, g in group.groupby("split"))
+            problems.append(f"patient {patient!r}: {splits}")
+    if problems:
+        raise ValueError(f"{where}: patients appear in more than one split:\n  " + "\n  ".join(problems))
+
+
+def _positive(df: pd.DataFrame, label_columns: Sequence[str] | None) -> np.ndarray:
+    """Rows with any lesion, used to stratify the split."""
+    if label_columns:
+        return (df[list(label_columns)].fillna(0).to_numpy(dtype=float) == 1).any(axis=1)
+    if "label" in df.columns:
+        return df["label"].fillna(0).to_numpy(dtype=float) > 0
+    return np.zeros(len(df), dtype=bool)
+
+
+def assign_splits(
+    df: pd.DataFrame,
+    *,
+    fractions: Sequence[float] = (0.7, 0.15, 0.15),
+    seed: int = 0,
+    label_columns: Sequence[str] | None = None,
+) -> pd.DataFrame:
+    """Fill missing `split` values with a seeded split by patient, stratified by lesion presence.
+
+    Rows that already have a split keep it, and unsplit rows of such a patient join it. The other patients (a row
+    without `patient_id` is its own patient) are shuffled with `seed`; within the patients with and without a lesion
+    separately, each split with a non-zero fraction first gets one patient when there are enough, then every
+    patient goes to the split furthest below its share of slices. Deterministic for a given table and seed.
+
+    Args:
+        df: a manifest table (`read_manifest`).
+        fractions: shares of slices for train, val and test; non-negative, summing to 1.
+        seed: random seed of the shuffle.
+        label_columns: multi-label columns (a row is positive if any is 1); default `df.attrs["label_columns"]`,
+            else `label` > 0.
+
+    Returns:
+        A copy of `df` whose `split` column is filled for every row.
+    """
+    fractions = tuple(float(f) for f in fractions)
+    if len(fractions) != 3 or any(not f >= 0 for f in fractions) or not math.isclose(sum(fractions), 1.0):
+        raise ValueError(f"fractions must be 3 non-negative shares (train, val, test) summing to 1, got {fractions}")
+    out = df.copy()
+    if "split" not in out.columns:
+        out["split"] = None
+    out["split"] = out["split"].astype(object).where(out["split"].notna(), None)
+    if not out["split"].dropna().isin(SPLITS).all():
+        raise ValueError(f"split values must be one of {SPLITS} or missing, got {sorted(set(out['split'].dropna()))}")
+    _check_patient_splits(out, "assign_splits")
+    if out["split"].notna().all():
+        return out
+
+    # One group per patient; rows without an id are their own group.
+    patients = out["patient_id"] if "patient_id" in out.columns else pd.Series(None, index=out.index, dtype=object)
+    keys = [f"patient:{p}" if pd.notna(p) else f"row:{i}" for i, p in enumerate(patients)]
+    keys = pd.Series(keys, index=out.index)
+    known = out.loc[out["split"].notna()].groupby(keys[out["split"].notna()])["split"].first()
+    fill = keys.map(known)
+    out["split"] = out["split"].where(out["split"].notna(), fill)
+
+    positive = pd.Series(_positive(out, label_columns or df.attrs.get("label_columns")), index=out.index)
+    group_positive = positive.groupby(keys).any()
+    group_size = keys.value_counts()
+    open_groups = sorted(set(keys[out["split"].isna()]))
+    rng = np.random.default_rng(seed)
+    share = dict(zip(SPLITS, fractions, strict=True))
+    assigned: dict[str, str] = {}
+    for stratum in (True, False):
+        members = [g for g in open_groups if group_positive[g] == stratum]
+        members = [members[i] for i in rng.permutation(len(members))]
+        in_stratum = keys.map(group_positive) == stratum
+        count = {s: int(((out["split"] == s) & in_stratum).sum()) for s in SPLITS}
+        total = int(in_stratum.sum())
+        for split in SPLITS:  # every split gets a patient of this stratum when there are enough
+            if share[split] > 0 and count[split] == 0 and members:
+                group = members.pop(0)
+                assigned[group] = split
+                count[split] += int(group_size[group])
+        for group in members:
+            split = max((s for s in SPLITS if share[s] > 0), key=lambda s: share[s] * total - count[s])
+            assigned[group] = split
+            count[split] += int(group_size[group])
+    out["split"] = out["split"].where(out["split"].notna(), keys.map(assigned))
+    return out
+
+
+def _check_row(image: str, frame: int | None, mask: str | None) -> list[tuple[str, str, str]]:
+    """(column, path, reason) for each problem of one manifest row."""
+    problems = []
+    try:
+        shape = probe_ct_slice(image, frame)
+    except Exception as e:  # UnreadableFileError, or anything unexpected from a decoder library
+        return [("image", image, getattr(e, "reason", f"{type(e).__name__}: {e}"))]
+    if mask is not None:
+        try:
+            mask_shape = probe_mask(mask, frame)
+        except Exception as e:
+            return [("mask", mask, getattr(e, "reason", f"{type(e).__name__}: {e}"))]
+        if tuple(mask_shape) != tuple(shape):
+            problems.append(
+                ("mask", mask, f"mask is {mask_shape[0]}x{mask_shape[1]} but the slice is {shape[0]}x{shape[1]}")
+            )
+    return problems
+
+
+def validate_manifest_files(
+    df: pd.DataFrame, *, on_bad_file: str = "raise", progress: bool = True
+) -> tuple[pd.DataFrame, list[BadFile]]:
+    """Check that every image (and mask) exists, is readable and that each mask matches its slice's size.
+
+    Files are probed without decoding pixels (`probe_ct_slice`, `probe_mask`) on a few threads.
+
+    Args:
+        df: a manifest table (`read_manifest`); uses `image`, and `mask`, `slice`, `manifest_line` when present.
+        on_bad_file: "raise" to raise one error listing every bad row, or "skip" to drop those rows.
+        progress: show a rich progress bar.
+
+    Returns:
+        The good rows (index kept) and the list of problems found, one `BadFile` per problem.
+
+    Raises:
+        ValueError: with `on_bad_file="raise"` when any file is unusable: every bad row with its CSV line, path
+            and reason.
+    """
+    if on_bad_file not in ("raise", "skip"):
+        raise ValueError(f"on_bad_file must be 'raise' or 'skip', got {on_bad_file!r}")
+    if "image" not in df.columns:
+        raise ValueError("the manifest table has no 'image' column")
+    has_lines = "manifest_line" in df.columns
+    lines = df["manifest_line"].tolist() if has_lines else list(range(1, len(df) + 1))
+    frames = df["slice"].tolist() if "slice" in df.columns else [None] * len(df)
+    masks = df["mask"].tolist() if "mask" in df.columns else [None] * len(df)
+    jobs = [
+        (str(image), None if pd.isna(frame) else int(frame), None if mask is None or pd.isna(mask) else str(mask))
+        for image, frame, mask in zip(df["image"], frames, masks, strict=True)
+    ]
+    found: dict[int, list[tuple[str, str, str]]] = {}
+    with (
+        Progress(*Progress.get_default_columns(), MofNCompleteColumn(), disable=not progress) as bar,
+        ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 1) + 4)) as pool,
+    ):
+        task = bar.add_task("Checking manifest files", total=len(jobs))
+        futures = {pool.submit(_check_row, *job): i for i, job in enumerate(jobs)}
+        for future in as_completed(futures):
+            problems = future.result()
+            if problems:
+                found[futures[future]] = problems
+            bar.advance(task)
+    bad = [BadFile(int(lines[i]), *problem) for i in sorted(found) for problem in found[i]]
+    if bad and on_bad_file == "raise":
+        where = f"line number in {df.attrs['manifest']}" if has_lines and df.attrs.get("manifest") else "1-based row"
+        word = "line" if has_lines else "row"
+        listing = "\n".join(f"  {word} {b.line}: {b.column} {b.path}: {b.reason}" for b in bad)
+        raise ValueError(
+            f"{len(found)} of {len(df)} manifest rows name unusable files ({word} = {where}):\n{listing}\n"
+            "Fix or remove these rows, or skip them (on_bad_file='skip')."
+        )
+    keep = np.ones(len(df), dtype=bool)
+    keep[list(found)] = False
+    return df[keep], bad
