@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from filelock import FileLock
 from PIL import Image
 from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian, generate_uid
@@ -90,6 +91,15 @@ def build_synthetic_dataset(
     if num_workers < 1:
         raise ValueError(f"num_workers must be >= 1, got {num_workers}")
     description = _description(n_patients, slices_per_patient, seed, config, split_fractions)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    # Ranks started together (torchrun) may all ask for the set: one builds it, the others wait, then reuse it.
+    with FileLock(str(root.parent / f".{root.name}.lock")):
+        return _build_once(root, description, config, num_workers=num_workers, progress=progress, overwrite=overwrite)
+
+
+def _build_once(
+    root: Path, description: dict, config: PhantomConfig, *, num_workers: int, progress: bool, overwrite: bool
+) -> Path:
     manifest = root / "manifest.csv"
     if root.exists() and any(root.iterdir()):
         existing = root / "generator.json"
@@ -101,7 +111,6 @@ def build_synthetic_dataset(
                 f"or pass overwrite=True to replace it"
             )
 
-    root.parent.mkdir(parents=True, exist_ok=True)
     partial = root.parent / f".{root.name}.partial-{uuid.uuid4().hex[:8]}"
     try:
         rows = _generate(partial, description, config, num_workers, progress)

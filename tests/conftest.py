@@ -1,0 +1,38 @@
+"""Shared fixtures: a tiny synthetic head-CT set on disk (real DICOM + PNG masks + manifest), built once."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import pytest
+import torch
+
+os.environ.setdefault("WANDB_MODE", "offline")  # tests never reach the network
+os.environ.setdefault("WANDB_SILENT", "true")
+# W&B stages artifacts (tables) under WANDB_DATA_DIR, by default in the home folder: keep tests out of it.
+os.environ.setdefault("WANDB_DATA_DIR", tempfile.mkdtemp(prefix="vit-ct-wandb-"))
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+# Overrides that shrink the demo config to seconds: a 2-block ViT at 32x32 on 64x64 slices.
+TINY_MODEL_ARGS = ["--model.embed_dim", "32", "--model.depth", "2", "--model.num_heads", "2"]
+
+
+@pytest.fixture(scope="session")
+def synthetic_set(tmp_path_factory):
+    """Manifest path of a tiny synthetic set: 6 patients x 4 slices of 64 x 64 pixels."""
+    from vit_ct.datamodule import SyntheticCTDataModule
+
+    data = SyntheticCTDataModule(str(tmp_path_factory.mktemp("synthetic")), n_patients=6, slices_per_patient=4,
+                                 slice_size=64, img_size=32)
+    data.prepare_data()
+    return data.manifest_path()
+
+
+def tiny_data_args(manifest) -> list[str]:
+    """CLI overrides that point configs/demo.yaml's synthetic data at the tiny set."""
+    root = str(manifest.parent)
+    return [
+        "--data.init_args.root", root, "--data.init_args.n_patients", "6", "--data.init_args.slices_per_patient", "4",
+        "--data.init_args.slice_size", "64", "--data.init_args.img_size", "32", "--data.init_args.batch_size", "8",
+    ]

@@ -1,0 +1,184 @@
+"""The ``vit-ct`` command: every config parses, bad input is named, and fit -> checkpoint -> predict round-trips."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import yaml
+from conftest import TINY_MODEL_ARGS, tiny_data_args
+from PIL import Image
+from wandb_records import history_and_config
+
+from vit_ct import CTSliceDataModule, ViTClassifier, load_ct_slice
+from vit_ct.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+DEMO = str(ROOT / "configs" / "demo.yaml")
+MANIFEST = str(ROOT / "configs" / "manifest.yaml")
+
+
+def print_config(*args: str, capsys) -> dict:
+    with pytest.raises(SystemExit) as exit_info:
+        main([*args, "--print_config"])
+    assert exit_info.value.code in (0, None)
+    return yaml.safe_load(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=[c.name for c in CONFIGS])
+def test_every_config_parses_against_the_code(config, capsys):
+    parsed = print_config("fit", "--config", str(config), capsys=capsys)
+    assert "img_size" not in parsed["model"] and "in_chans" not in parsed["model"]  # linked from the data
+    cli = main(["--config", str(config), "--trainer.logger", "false"], run=False)
+    assert cli.model.hparams.img_size == cli.datamodule.img_size
+    assert cli.model.hparams.in_chans == cli.datamodule.num_channels
+
+
+def test_configs_compose_later_ones_winning(capsys, tmp_path):
+    parsed = print_config(
+        "fit",
+        "--config",
+        DEMO,
+        "--config",
+        MANIFEST,
+        "--data.manifest",
+        "my.csv",
+        "--model.weights",
+        "demo.ckpt",
+        capsys=capsys,
+    )
+    assert parsed["data"]["class_path"].split(".")[-1] == "CTSliceDataModule"
+    assert parsed["data"]["init_args"]["manifest"] == "my.csv"
+    assert parsed["model"]["weights"] == "demo.ckpt"
+    demo = yaml.safe_load(Path(DEMO).read_text())
+    assert parsed["trainer"]["max_epochs"] == demo["trainer"]["max_epochs"]  # the demo model and recipe stay
+
+
+def test_unknown_config_key_is_an_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", DEMO, "--model.no_such_option", "1"])
+    assert exit_info.value.code != 0
+    assert "no_such_option" in capsys.readouterr().err
+
+
+def test_bad_config_value_is_named(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", DEMO, "--model.depth", "deep"])
+    assert exit_info.value.code != 0
+    assert "depth" in capsys.readouterr().err
+
+
+def test_missing_manifest_is_named(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    missing = tmp_path / "nope.csv"
+    with pytest.raises(ValueError, match="nope.csv"):
+        main(
+            [
+                "fit",
+                "--config",
+                DEMO,
+                "--config",
+                MANIFEST,
+                "--data.manifest",
+                str(missing),
+                *TINY_MODEL_ARGS,
+                "--trainer.logger",
+                "false",
+            ]
+        )
+
+
+def test_manifest_without_image_column_is_named(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    manifest = tmp_path / "m.csv"
+    manifest.write_text("path,label\na.dcm,0\n")
+    with pytest.raises(ValueError, match="image"):
+        main(
+            [
+                "fit",
+                "--config",
+                DEMO,
+                "--config",
+                MANIFEST,
+                "--data.manifest",
+                str(manifest),
+                *TINY_MODEL_ARGS,
+                "--trainer.logger",
+                "false",
+            ]
+        )
+
+
+def _vit_ct(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
+    command = [str(Path(sys.executable).with_name("vit-ct")), *args]
+    result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    return result
+
+
+@pytest.mark.slow
+def test_fit_then_predict_through_the_real_command(synthetic_set, tmp_path):
+    common = ["--config", DEMO, *tiny_data_args(synthetic_set), *TINY_MODEL_ARGS]
+    fit = _vit_ct("fit", *common, "--trainer.max_epochs", "2", "--trainer.log_every_n_steps", "1", cwd=tmp_path)
+
+    summary = json.loads((tmp_path / "runs" / "latest" / "summary.json").read_text())
+    best, last = Path(summary["best_checkpoint"]), Path(summary["last_checkpoint"])
+    assert best.is_file() and last.name == "last.ckpt" and last.is_file()
+    assert "test/auroc" in summary["metrics"]  # demo.yaml tests the best checkpoint after fitting
+    assert str(best) in fit.stdout.replace("\n", "")
+    run_dir = Path(summary["run_dir"])
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["model"]["depth"] == 2
+
+    # The offline W&B run holds the metrics and the full CLI config.
+    run_files = list(Path(summary["wandb_dir"]).glob("run-*.wandb"))
+    assert len(run_files) == 1
+    history, config = history_and_config(run_files[0])
+    keys = set().union(*history)
+    assert {"train/loss_step", "val/auroc", "val/loss", "test/auroc", "trainer/global_step"} <= keys
+    assert config["model"]["depth"] == 2 and config["data"]["init_args"]["img_size"] == 32
+    assert config["trainer"]["max_epochs"] == 2
+
+    out = tmp_path / "predictions"
+    _vit_ct(
+        "predict",
+        *common,
+        "--ckpt_path",
+        str(best),
+        "--data.init_args.predict_split",
+        "test",
+        "--output_dir",
+        str(out),
+        cwd=tmp_path,
+    )
+    table = pd.read_csv(out / "predictions.csv")
+    data = CTSliceDataModule(
+        str(synthetic_set), img_size=32, windows=yaml.safe_load(Path(DEMO).read_text())["data"]["init_args"]["windows"]
+    )
+    test_rows = data.split_table("test")
+    assert list(table["image"]) == list(test_rows["image_ref"])
+    assert list(table["label"]) == list(test_rows["label"])
+    assert list(table.columns) == ["image", "prob", "label", "rollout", "overlay"]
+
+    # The checkpoint loads back into ViTClassifier and predicts what the command wrote.
+    model = ViTClassifier.load_from_checkpoint(best, map_location="cpu").eval()
+    data.setup("test")
+    batch = next(iter(data.test_dataloader()))
+    with torch.no_grad():
+        probs = model.probabilities(model(batch["image"]))
+    np.testing.assert_allclose(table["prob"].to_numpy()[: len(probs)], probs.numpy(), atol=1e-5)
+
+    for _, row in table.iterrows():
+        source = load_ct_slice(test_rows.set_index("image_ref").loc[row["image"], "image"])
+        heat = np.load(out / row["rollout"])
+        assert heat.dtype == np.float32 and heat.shape == source.shape and (heat >= 0).all() and heat.max() > 0
+        overlay = np.asarray(Image.open(out / row["overlay"]))
+        assert overlay.shape == (*source.shape, 3)

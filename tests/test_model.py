@@ -1,0 +1,214 @@
+"""ViTClassifier: the timm network it wraps, its losses, optimiser groups, schedule and weight loading."""
+
+import pytest
+import timm
+import torch
+
+from vit_ct.model import ViTClassifier, warmup_cosine
+
+TINY = {"img_size": 32, "embed_dim": 32, "depth": 2, "num_heads": 2}
+
+
+def test_default_is_the_demo_model():
+    model = ViTClassifier()
+    vit = model.vit
+    assert vit.patch_embed.patch_size == (16, 16)
+    assert vit.patch_embed.grid_size == (8, 8)
+    assert vit.num_prefix_tokens == 1 and vit.cls_token is not None
+    assert isinstance(vit.pos_embed, torch.nn.Parameter) and vit.pos_embed.requires_grad  # learnable
+    assert vit.pos_embed.shape == (1, 65, 192)
+    assert len(vit.blocks) == 6
+    assert vit.blocks[0].norm1 is not None  # pre-norm blocks
+    assert vit.blocks[0].attn.scale == pytest.approx(vit.blocks[0].attn.head_dim ** -0.5)  # 1/sqrt(d_k)
+
+
+def test_logits_equal_timm_own_model():
+    torch.manual_seed(0)
+    model = ViTClassifier(**TINY, stem="patch", in_chans=3, num_classes=4, drop_path_rate=0.0).eval()
+    reference = timm.create_model(
+        "vit_tiny_patch16_224",
+        pretrained=False,
+        num_classes=4,
+        in_chans=3,
+        img_size=32,
+        embed_dim=32,
+        depth=2,
+        num_heads=2,
+    ).eval()
+    reference.load_state_dict(model.vit.state_dict())
+    x = torch.randn(3, 3, 32, 32)
+    torch.testing.assert_close(model(x), reference(x))
+
+
+def test_attention_dropout_is_after_softmax():
+    model = ViTClassifier(**TINY, attn_drop_rate=0.25)
+    assert model.vit.blocks[0].attn.attn_drop.p == 0.25
+
+
+def _batch(B=4, size=32, lesion=True):
+    mask = torch.zeros(B, 1, size, size)
+    label = torch.tensor([1, 0] * (B // 2))
+    if lesion:
+        mask[label == 1, :, 2:6, 2:6] = 1
+    return {
+        "image": torch.rand(B, 1, size, size),
+        "mask": mask,
+        "has_mask": torch.ones(B, dtype=torch.bool),
+        "label": label,
+        "index": torch.arange(B),
+        "source_shape": torch.tensor([[size, size]] * B),
+    }
+
+
+def test_patch_loss_targets_the_lesion_patches():
+    model = ViTClassifier(**TINY, patch_loss_weight=1.0, drop_path_rate=0.0)
+    batch = _batch()
+    tokens = model.vit.forward_features(batch["image"])
+    with torch.no_grad():
+        model.patch_head.weight.zero_()
+        model.patch_head.bias.fill_(0.0)
+    # All patch logits 0 -> BCE = log 2 whatever the target.
+    assert model._patch_loss(tokens, batch).item() == pytest.approx(torch.log(torch.tensor(2.0)).item(), rel=1e-5)
+    with torch.no_grad():
+        model.patch_head.bias.fill_(-20.0)  # every patch says "no blood"
+    loss = model._patch_loss(tokens, batch).item()
+    # Lesion and lesion-free patches weigh half each: the 2 lesion patches cost 20, the 14 others ~0.
+    assert loss == pytest.approx(0.5 * 20.0, rel=1e-3)
+
+
+def test_patch_loss_skips_positive_slices_without_mask():
+    model = ViTClassifier(**TINY, patch_loss_weight=1.0)
+    batch = _batch()
+    batch["has_mask"][:] = False
+    tokens = model.vit.forward_features(batch["image"])
+    with torch.no_grad():
+        model.patch_head.bias.fill_(-20.0)
+    assert model._patch_loss(tokens, batch).item() < 1e-6  # only the lesion-free (empty-mask) slices count
+    batch["label"][:] = 1
+    assert model._patch_loss(tokens, batch) is None
+
+
+def test_no_weight_decay_on_norms_biases_and_embeddings():
+    model = ViTClassifier(**TINY)
+    groups = model._param_groups()
+    decayed = {id(p) for g in groups if g["weight_decay"] > 0 for p in g["params"]}
+    assert id(model.vit.pos_embed) not in decayed and id(model.vit.cls_token) not in decayed
+    assert id(model.vit.blocks[0].norm1.weight) not in decayed and id(model.vit.head.bias) not in decayed
+    assert id(model.vit.blocks[0].attn.qkv.weight) in decayed
+    n_params = sum(len(g["params"]) for g in groups)
+    assert n_params == len(list(model.parameters()))
+
+
+def test_layer_decay_scales_early_blocks_down():
+    model = ViTClassifier(**TINY, layer_decay=0.5, lr=1.0)
+    lrs = {id(p): g.get("lr", 1.0) for g in model._param_groups() for p in g["params"]}
+    assert lrs[id(model.vit.head.weight)] == pytest.approx(1.0)
+    assert lrs[id(model.vit.blocks[1].attn.qkv.weight)] == pytest.approx(0.5)
+    assert lrs[id(model.vit.blocks[0].attn.qkv.weight)] == pytest.approx(0.25)
+
+
+def test_warmup_cosine_schedule():
+    f = warmup_cosine(4, 14)
+    assert [round(f(s), 3) for s in range(4)] == [0.2, 0.4, 0.6, 0.8]
+    assert f(4) == pytest.approx(1.0)
+    assert f(9) == pytest.approx(0.5)
+    assert f(14) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_probabilities_by_task():
+    logits = torch.tensor([[0.0, 0.0], [0.0, 2.0]])
+    binary = ViTClassifier(**TINY)
+    torch.testing.assert_close(binary.probabilities(logits), torch.tensor([0.5, torch.sigmoid(torch.tensor(2.0))]))
+    multilabel = ViTClassifier(**TINY, multilabel=True)
+    torch.testing.assert_close(multilabel.probabilities(logits), logits.sigmoid())
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"num_classes": 1}, "num_classes"),
+        ({"img_size": 40}, "multiple of patch_size"),
+        ({"class_names": ["a"]}, "class_names"),
+        ({"class_weights": [1.0, 2.0, 3.0]}, "class_weights"),
+        ({"arch": "resnet18"}, "not a timm Vision Transformer"),
+    ],
+)
+def test_bad_arguments_are_named(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ViTClassifier(**{**TINY, **kwargs})
+
+
+def test_weights_from_timm_state_dict_adapt_channels_grid_and_head(tmp_path):
+    torch.manual_seed(0)
+    source = timm.create_model(
+        "vit_tiny_patch16_224",
+        pretrained=False,
+        num_classes=1000,
+        in_chans=3,
+        img_size=64,
+        embed_dim=32,
+        depth=2,
+        num_heads=2,
+    )
+    path = tmp_path / "timm.pth"
+    torch.save(source.state_dict(), path)
+    model = ViTClassifier(**TINY, stem="patch", in_chans=1, num_classes=2, weights=str(path))
+    state = source.state_dict()
+    torch.testing.assert_close(model.vit.blocks[1].mlp.fc1.weight, state["blocks.1.mlp.fc1.weight"])
+    # RGB kernels summed into one channel
+    torch.testing.assert_close(model.vit.patch_embed.proj.weight, state["patch_embed.proj.weight"].sum(1, keepdim=True))
+    assert model.vit.pos_embed.shape == (1, 5, 32)  # 4x4 grid -> 2x2 grid, class token kept
+    torch.testing.assert_close(model.vit.pos_embed[:, 0], state["pos_embed"][:, 0])
+    assert model.vit.head.weight.shape == (2, 32)  # 1000-class head re-initialised
+
+
+def test_weights_from_vit_ct_checkpoint_and_bad_files(tmp_path):
+    torch.manual_seed(0)
+    trained = ViTClassifier(**TINY)
+    ckpt = tmp_path / "model.ckpt"
+    torch.save({"state_dict": trained.state_dict(), "hyper_parameters": dict(trained.hparams)}, ckpt)
+    fresh = ViTClassifier(**TINY, weights=str(ckpt)).eval()
+    x = torch.randn(2, 1, 32, 32)
+    torch.testing.assert_close(fresh(x), trained.eval()(x))
+    torch.testing.assert_close(fresh.patch_head.weight, trained.patch_head.weight)
+    with pytest.raises(ValueError, match="does not exist"):
+        ViTClassifier(**TINY, weights=str(tmp_path / "missing.ckpt"))
+    other = tmp_path / "other.ckpt"
+    torch.save(ViTClassifier(**{**TINY, "embed_dim": 64}).state_dict(), other)
+    with pytest.raises(ValueError, match="does not fit"):
+        ViTClassifier(**TINY, weights=str(other))
+
+
+def test_weights_never_execute_pickled_code(tmp_path):
+    class Payload:
+        def __reduce__(self):
+            return (exec, ("import pathlib; pathlib.Path('%s').write_text('pwned')" % (tmp_path / "pwned"),))
+
+    path = tmp_path / "evil.ckpt"
+    torch.save({"state_dict": ViTClassifier(**TINY).state_dict(), "payload": Payload()}, path)
+    with pytest.raises(ValueError, match="cannot read"):
+        ViTClassifier(**TINY, weights=str(path))
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_conv_stem_keeps_the_token_grid_and_loads_timm_blocks(tmp_path):
+    torch.manual_seed(0)
+    source = timm.create_model(
+        "vit_tiny_patch16_224",
+        pretrained=False,
+        num_classes=2,
+        in_chans=1,
+        img_size=32,
+        embed_dim=32,
+        depth=2,
+        num_heads=2,
+    )
+    path = tmp_path / "timm.pth"
+    torch.save(source.state_dict(), path)
+    model = ViTClassifier(**TINY, stem="conv", weights=str(path))
+    assert model.vit.patch_embed.grid_size == (2, 2) and model.vit.patch_embed.patch_size == (16, 16)
+    tokens = model.vit.patch_embed(torch.randn(3, 1, 32, 32))
+    assert tokens.shape == (3, 4, 32)  # one token per 16x16 patch, as the linear embedding
+    # Everything but the (different) patch embedding comes from the file.
+    torch.testing.assert_close(model.vit.blocks[0].attn.qkv.weight, source.blocks[0].attn.qkv.weight)
+    torch.testing.assert_close(model.vit.pos_embed, source.pos_embed)

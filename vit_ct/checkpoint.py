@@ -1,0 +1,134 @@
+"""Checkpoints you can trust: written atomically, loaded without executing code, and holding what an exact resume
+needs beyond Lightning's own state (random-number generators, the W&B run id).
+
+Resuming: ``vit-ct fit --config C --ckpt_path runs/vit-ct/<id>/checkpoints/last.ckpt`` restores the weights, optimizer,
+LR schedule, epoch and step (Lightning), the data order within the epoch (:mod:`vit_ct.distributed`), the RNG states
+and the W&B run (same id, ``resume="allow"``); checkpoints keep going to the same run folder. Arguments on resume:
+``--model.*`` values come from the checkpoint (LightningCLI reads its hyper-parameters over the command line), so the
+network cannot change; ``--trainer.*`` and ``--data.*`` values come from the command, e.g. a larger
+``--trainer.max_epochs`` trains on (the restored optimizer keeps its state; the cosine schedule is recomputed for the
+new length from the current step).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.loggers import WandbLogger
+
+WANDB_RUN_ID = "wandb_run_id"  # top-level checkpoint key
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's ``torch.save`` / ``torch.load`` checkpoint I/O, made safe for local files.
+
+    Saving writes a hidden temporary file in the target folder, flushes it to disk and renames it over the target
+    (``os.replace`` is atomic on POSIX and Windows), so a killed job leaves either the old or the new checkpoint,
+    never a torn one. Loading always uses ``weights_only=True``: a checkpoint cannot run code.
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
+        if storage_options is not None or "://" in str(path):  # remote (fsspec) paths keep Lightning's writer
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            with open(tmp, "wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        _fsync_dir(path.parent)  # make the rename itself durable
+
+    def load_checkpoint(self, path, map_location: Any = lambda storage, loc: storage, weights_only: bool | None = None):
+        if weights_only is False:
+            raise ValueError(f"vit-ct loads checkpoints with weights_only=True only (asked to unpickle {path})")
+        return super().load_checkpoint(path, map_location=map_location, weights_only=True)
+
+
+def _fsync_dir(folder: Path) -> None:
+    if os.name != "posix":
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_wandb_run_id(path: str | Path) -> str | None:
+    """The W&B run id stored in a vit-ct checkpoint (None for other checkpoints); never executes code from it."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"checkpoint {path} does not exist")
+    try:  # mmap: only the small pickle is read, not the tensors
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as err:  # torch raises several types for corrupt or unsafe files
+        raise ValueError(f"cannot read checkpoint {path}: {err}") from err
+    run_id = checkpoint.get(WANDB_RUN_ID) if isinstance(checkpoint, dict) else None
+    return str(run_id) if run_id else None
+
+
+def _rng_states() -> dict[str, Any]:
+    """Global RNG states as tensors and plain Python values (loadable with ``weights_only=True``)."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()  # noqa: NPY002 (the legacy global state is saved)
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)),
+        "python": random.getstate(),
+    }
+
+
+def _set_rng_states(states: dict[str, Any]) -> None:
+    torch.set_rng_state(states["torch"])
+    if states["cuda"] and torch.cuda.is_available() and len(states["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(states["cuda"])
+    kind, keys, pos, has_gauss, cached = states["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))  # noqa: NPY002
+    version, internal, gauss = states["python"]
+    random.setstate((version, tuple(internal), gauss))
+
+
+class ResumeState(Callback):
+    """Stores the RNG states and the W&B run id in every checkpoint; restores the RNG states when training resumes.
+
+    The states are put back at ``on_train_start``, after the sanity check and the data loaders' set-up, so the
+    resumed steps draw the same dropout and drop-path masks as an uninterrupted run.
+    """
+
+    def __init__(self) -> None:
+        self._pending: dict[str, Any] | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rng": _rng_states()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._pending = state_dict.get("rng")
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # Lightning 2.6 restores a stateful training loader only if it builds the loader after the restore, but
+        # `configure_optimizers` asking for `estimated_stepping_batches` builds it before. Apply the saved loader state
+        # now: the first batch is not drawn yet (vit_ct.distributed.ResumableDataLoader starts its iterator lazily).
+        fit_loop = trainer.fit_loop
+        if getattr(fit_loop, "_combined_loader_states_to_load", None):
+            fit_loop._load_combined_loader_states()
+        if self._pending is not None:
+            _set_rng_states(self._pending)
+            self._pending = None
+
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        for logger in trainer.loggers:
+            # On rank 0 `version` is the live run's id; other ranks write no checkpoint file.
+            if isinstance(logger, WandbLogger) and trainer.is_global_zero and logger.version:
+                checkpoint[WANDB_RUN_ID] = str(logger.version)

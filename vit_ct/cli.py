@@ -1,0 +1,222 @@
+"""The ``vit-ct`` command: a LightningCLI (fit / validate / test / predict) with W&B tracking and checkpoints.
+
+Runs go to ``runs/<project>/<run id>/`` (checkpoints, config.yaml, summary.json); ``runs/latest`` points at the
+newest fit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+import yaml
+from jsonargparse import Namespace, lazy_instance
+from lightning.fabric.plugins.io import CheckpointIO, TorchCheckpointIO
+from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, RichProgressBar
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.utilities import rank_zero_only
+from rich.console import Console
+
+from vit_ct.callbacks import RolloutOverlayCallback
+from vit_ct.checkpoint import AtomicCheckpointIO, ResumeState, read_wandb_run_id
+from vit_ct.datamodule import CTSliceDataModule
+from vit_ct.model import ViTClassifier
+
+
+def use_wandb_offline_unless_configured() -> None:
+    """Keep W&B offline unless the user set ``WANDB_MODE``, ``WANDB_API_KEY`` or logged in (``~/.netrc``)."""
+    if os.environ.get("WANDB_MODE") or os.environ.get("WANDB_API_KEY"):
+        return
+    netrc = Path.home() / ".netrc"
+    if netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="ignore"):
+        return
+    os.environ["WANDB_MODE"] = "offline"
+
+
+def run_dir(trainer: Trainer) -> Path:
+    """Folder of this run: ``<save_dir>/<project>/<run id>`` for W&B (where Lightning puts the checkpoints)."""
+    logger = trainer.logger
+    if isinstance(logger, WandbLogger):
+        return Path(logger.save_dir or trainer.default_root_dir) / str(logger.name) / str(logger.version)
+    # `Trainer.log_dir` without its broadcast: this runs in rank-0-only code, where a collective call hangs DDP.
+    if logger is None:
+        return Path(trainer.default_root_dir)
+    return Path(getattr(logger, "log_dir", None) or logger.save_dir or trainer.default_root_dir)
+
+
+class LoggedConfigCallback(SaveConfigCallback):
+    """Writes the full CLI config into the run folder and sends it to the logger (W&B), on rank 0 only."""
+
+    def save_config(self, trainer: Trainer, pl_module, stage: str) -> None:
+        folder = run_dir(trainer)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.parser.save(self.config, folder / self.config_filename, skip_none=False, overwrite=True)
+        if trainer.logger is not None:
+            config = yaml.safe_load(self.parser.dump(self.config, skip_none=False))
+            trainer.logger.log_hyperparams(config)
+
+
+class VitCTCLI(LightningCLI):
+    """LightningCLI with the data-to-model links, checkpointing on ``val/auroc`` and a run summary."""
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.set_defaults(
+            {
+                "checkpoint.monitor": "val/auroc",
+                "checkpoint.mode": "max",
+                "checkpoint.save_last": True,
+                "checkpoint.filename": "best-epoch{epoch:02d}-auroc{val/auroc:.4f}",
+                "checkpoint.auto_insert_metric_name": False,
+            }
+        )
+        parser.link_arguments("data.init_args.img_size", "model.img_size")
+        parser.link_arguments(
+            "data", "model.in_chans", compute_fn=lambda data: data.num_channels, apply_on="instantiate"
+        )
+        # Multi-label data (`label_columns`) makes a multi-label model with one named output per column. For
+        # single-label data `model.num_classes` stays settable; the labels are checked against it before a run.
+        parser.link_arguments("data.init_args.label_columns", "model.multilabel", compute_fn=_is_given)
+        parser.link_arguments("data.init_args.label_columns", "model.class_names")
+        parser.add_argument("--test_after_fit", type=bool, default=False, help="fit: test the best checkpoint after.")
+        parser.add_argument("--output_dir", type=str | None, default=None, help="predict: folder of the outputs.")
+
+    def before_instantiate_classes(self) -> None:
+        """``fit --ckpt_path K``: continue K's W&B run (its id, ``resume="allow"``) unless the command names a run."""
+        config = self.config.get(self.subcommand) if self.subcommand else None
+        ckpt_path = config.get("ckpt_path") if config is not None else None
+        if self.subcommand != "fit" or not ckpt_path or not Path(ckpt_path).is_file():
+            return
+        run_id = read_wandb_run_id(ckpt_path)
+        loggers = config.trainer.logger if isinstance(config.trainer.logger, list) else [config.trainer.logger]
+        for logger in loggers:
+            is_wandb = isinstance(logger, Namespace) and str(logger.get("class_path", "")).endswith("WandbLogger")
+            if run_id and is_wandb and not logger.init_args.get("id") and not logger.init_args.get("version"):
+                logger.init_args.id = run_id
+                logger.dict_kwargs = {**(logger.get("dict_kwargs") or {}), "resume": "allow"}
+
+    def instantiate_trainer(self, **kwargs) -> Trainer:
+        trainer = super().instantiate_trainer(**kwargs)
+        # Atomic, weights-only checkpoint files, unless the user chose a CheckpointIO (--trainer.plugins).
+        plugins = self._get(self.config_init, "trainer", default={}).get("plugins") or []
+        chosen = any(isinstance(p, CheckpointIO) for p in (plugins if isinstance(plugins, list) else [plugins]))
+        if not chosen and type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
+            trainer.strategy.checkpoint_io = AtomicCheckpointIO()
+        if not trainer.loggers:  # `--trainer.logger false`: the LR monitor would refuse to start
+            trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, LearningRateMonitor)]
+        return trainer
+
+    def _check_data(self, stage: str) -> None:
+        """Read and check the manifest (rows, files, labels vs ``num_classes``) before the trainer starts, so bad
+        input fails before a W&B run or a checkpoint exists."""
+        check = getattr(self.datamodule, "check", None)
+        if check is not None:
+            check(stage, num_classes=self.model.hparams.get("num_classes"))
+
+    def before_fit(self) -> None:
+        self._check_data("fit")
+
+    def before_validate(self) -> None:
+        self._check_data("validate")
+
+    def before_test(self) -> None:
+        self._check_data("test")
+
+    def before_predict(self) -> None:
+        output_dir = self.config_init[self.subcommand].get("output_dir")
+        if output_dir is None:
+            raise ValueError("vit-ct predict needs --output_dir OUT (where predictions.csv and maps are written)")
+        self._check_data("predict")
+        from vit_ct.prediction import PredictionWriter
+
+        self.trainer.callbacks.append(PredictionWriter(output_dir))
+
+    def after_fit(self) -> None:
+        if self.config_init[self.subcommand].get("test_after_fit"):
+            checkpoint = self.trainer.checkpoint_callback
+            last = getattr(checkpoint, "last_model_path", "")
+            self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path="best")
+            if checkpoint is not None:  # loading "best" put back the callback's state as of that epoch
+                checkpoint.last_model_path = last
+        self._summarise()
+
+    @rank_zero_only
+    def _summarise(self) -> None:
+        trainer = self.trainer
+        folder = run_dir(trainer)
+        checkpoint = trainer.checkpoint_callback
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if torch.is_tensor(v) and v.numel() == 1}
+        summary = {
+            "run_dir": str(folder.resolve()),  # absolute: the summary is read from other folders too
+            "best_checkpoint": _absolute(getattr(checkpoint, "best_model_path", "")),
+            "last_checkpoint": _absolute(getattr(checkpoint, "last_model_path", "")),
+            "wandb_dir": _wandb_dir(trainer),
+            "metrics": metrics,
+        }
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "summary.json").write_text(json.dumps(summary, indent=2))
+        latest = folder.parent.parent / "latest"
+        if latest.is_symlink() or not latest.exists():
+            tmp = latest.with_name(".latest.tmp")
+            tmp.unlink(missing_ok=True)
+            tmp.symlink_to(folder.resolve(), target_is_directory=True)
+            tmp.replace(latest)  # atomic: `latest` always points at a complete run
+        console = Console()
+        console.print(f"[bold]best checkpoint[/]  {summary['best_checkpoint']}")
+        console.print(f"[bold]last checkpoint[/]  {summary['last_checkpoint']}")
+        console.print(f"[bold]run folder[/]       {folder}")
+        if summary["wandb_dir"]:
+            console.print(f"[bold]W&B run[/]          {summary['wandb_dir']}")
+        for key in sorted(k for k in metrics if k.startswith(("test/", "val/"))):
+            console.print(f"  {key:<24} {metrics[key]:.4f}")
+
+
+def _is_given(value) -> bool:
+    return value is not None
+
+
+def _absolute(path: str | None) -> str | None:
+    return str(Path(path).resolve()) if path else None
+
+
+def _wandb_dir(trainer: Trainer) -> str | None:
+    logger = trainer.logger
+    if isinstance(logger, WandbLogger):
+        run = logger.experiment
+        return getattr(run, "dir", None) and str(Path(run.dir).parent.resolve())
+    return None
+
+
+def main(args: list[str] | None = None, *, run: bool = True) -> VitCTCLI | None:
+    """Entry point of ``vit-ct`` and ``python -m vit_ct``; ``run=False`` only parses and instantiates.
+
+    Returns the CLI object when given ``args`` (from Python), else None: the console script exits with the return
+    value, and anything but None would be exit status 1.
+    """
+    use_wandb_offline_unless_configured()
+    torch.set_float32_matmul_precision("high")
+    cli = VitCTCLI(
+        ViTClassifier,
+        CTSliceDataModule,
+        subclass_mode_data=True,
+        save_config_callback=LoggedConfigCallback,
+        save_config_kwargs={"overwrite": True, "save_to_log_dir": False},
+        seed_everything_default=0,
+        auto_configure_optimizers=False,
+        trainer_defaults={
+            "logger": lazy_instance(WandbLogger, project="vit-ct", save_dir="runs"),
+            "callbacks": [
+                RichProgressBar(),
+                LearningRateMonitor(logging_interval="epoch"),
+                RolloutOverlayCallback(),
+                ResumeState(),
+            ],
+        },
+        args=args,
+        run=run,
+    )
+    return cli if args is not None else None

@@ -1,0 +1,111 @@
+"""How a split is dealt out to processes and epochs: a training order fixed by (seed, epoch) that resumes mid-epoch,
+and evaluation shards whose padding is marked, so DDP metrics count every slice exactly once.
+
+Under DDP every rank must run the same number of batches, so a split whose size is not a multiple of the world
+size is padded with repeated samples (as :class:`~torch.utils.data.DistributedSampler` does). The padding here comes
+as ``-1 - index``; :class:`~vit_ct.datamodule.CTSliceDataset` reads it as slice ``index`` with ``valid=False``, and the
+model leaves such samples out of its metrics.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+
+def padding_index(index: int) -> int:
+    """The sampler index of a padding repeat of sample ``index`` (negative, so it cannot pass for a real one)."""
+    return -1 - index
+
+
+def decode_index(index: int) -> tuple[int, bool]:
+    """``(sample index, valid)`` of a sampler index: valid False for a padding repeat."""
+    return (index, True) if index >= 0 else (-1 - index, False)
+
+
+def global_seed() -> int:
+    """The seed Lightning's ``seed_everything`` exported (also what its own distributed samplers use)."""
+    return int(os.environ.get("PL_GLOBAL_SEED", 0))
+
+
+class MarkedPaddingSampler(DistributedSampler):
+    """In-order shard of an evaluation split for one rank, padded like ``DistributedSampler`` but with the repeats
+    marked (``-1 - index``). Being a ``DistributedSampler``, Lightning keeps it instead of injecting its own.
+
+    Args:
+        dataset: The split.
+        num_replicas: Processes in the job (world size).
+        rank: This process's global rank.
+    """
+
+    def __init__(self, dataset: Dataset, *, num_replicas: int, rank: int) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False, drop_last=False)
+
+    def __iter__(self) -> Iterator[int]:
+        n = len(self.dataset)
+        indices = list(range(n))
+        padding = self.total_size - n
+        repeats = (indices * math.ceil(padding / n))[:padding]  # the samples DistributedSampler would repeat
+        indices += [padding_index(i) for i in repeats]
+        return iter(indices[self.rank : self.total_size : self.num_replicas])
+
+
+class EpochShuffleSampler(DistributedSampler):
+    """Training order of one rank, a function of (seed, epoch) only, also with a single process, so a run restarted
+    from a mid-epoch checkpoint can skip exactly the samples it already trained on.
+
+    Args:
+        dataset: The training split.
+        num_replicas: Processes in the job (world size).
+        rank: This process's global rank.
+        seed: Shuffle seed, the same on every rank.
+    """
+
+    def __init__(self, dataset: Dataset, *, num_replicas: int = 1, rank: int = 0, seed: int = 0) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=False)
+        self.skip = 0  # samples of the next pass to leave out (set when resuming mid-epoch)
+
+    def __iter__(self) -> Iterator[int]:
+        indices = list(super().__iter__())
+        skip, self.skip = self.skip, 0
+        return iter(indices[skip:])
+
+
+class ResumableDataLoader(DataLoader):
+    """A training DataLoader Lightning resumes mid-epoch (it saves and restores ``state_dict`` in checkpoints).
+
+    The state is the epoch and the batches handed out in it; a restored loader starts that epoch after those
+    batches, without reading them. Lightning builds no iterator ahead of the batch it trains on when the loader has
+    a length, so "handed out" equals "trained on" when a checkpoint is written.
+    """
+
+    def __init__(self, dataset: Dataset, *, sampler: EpochShuffleSampler, **kwargs: Any) -> None:
+        # Its own generator: starting an epoch draws the worker seeds from it, not from the global RNG.
+        kwargs.setdefault("generator", torch.Generator())
+        super().__init__(dataset, sampler=sampler, **kwargs)
+        self._served = 0
+        self._resume_from = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        self._served, self._resume_from = self._resume_from, 0
+        self.sampler.skip = self._served * self.batch_size
+        self.generator.manual_seed(self.sampler.seed * 100_003 + self.sampler.epoch)  # worker seeds per epoch
+        for batch in super().__iter__():
+            self._served += 1
+            yield batch
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.sampler.epoch, "batches": self._served}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        epoch, batches = int(state["epoch"]), int(state["batches"])
+        if batches >= len(self):  # saved at the end of an epoch: the next one starts from its beginning
+            epoch, batches = epoch + 1, 0
+        # Lightning builds the first iterator before it calls set_epoch, and worker processes draw indices at once.
+        self.sampler.set_epoch(epoch)
+        self._resume_from = batches

@@ -1,0 +1,234 @@
+"""Does the explanation point at the lesion? Pointing game, energy in the mask and pixel AUROC of attention-rollout
+maps (arXiv:2005.00928) against lesion masks, as torchmetrics ``Metric``s, with two floors to beat.
+
+Every score is computed per slice, over the head's pixels only (air is trivially unattended), on slices whose lesion
+mask is known and non-empty, and averaged over those slices. Written here because torchmetrics' own AUROC pools the
+pixels of all slices and knows neither a head mask nor a pointing game.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchmetrics import Metric
+
+# Assumed side of the square a slice is padded to, in mm, when a batch gives no pixel spacing: a typical head-CT
+# reconstruction field of view (512 x 0.45 mm) and the synthetic set's (256 x 0.9 mm).
+HEAD_FIELD_OF_VIEW_MM = 230.0
+MAP_SOURCES = ("rollout", "floor_image", "floor_head")
+
+
+def model_grid_spacing_mm(img_size: int, field_of_view_mm: float = HEAD_FIELD_OF_VIEW_MM) -> float:
+    """Pixel size in mm on the ``img_size`` model grid of a slice whose padded square spans ``field_of_view_mm``."""
+    return field_of_view_mm / img_size
+
+
+def _disk(radius: float, device: torch.device) -> torch.Tensor:
+    """(1, 1, k, k) 0/1 kernel of the pixels whose centres lie within ``radius`` pixels of the centre."""
+    half = int(radius)
+    offsets = torch.arange(-half, half + 1, device=device, dtype=torch.float32)
+    return ((offsets[:, None] ** 2 + offsets[None, :] ** 2) <= radius**2 + 1e-6).float()[None, None]
+
+
+def dilate(mask: torch.Tensor, radius: torch.Tensor) -> torch.Tensor:
+    """Pixels within ``radius`` (per slice, in pixels, centre to centre) of a mask pixel.
+
+    Args:
+        mask: ``(B, H, W)`` bool.
+        radius: ``(B,)`` tolerance in pixels.
+
+    Returns:
+        ``(B, H, W)`` bool.
+    """
+    out = mask.clone()
+    for r in radius.unique().tolist():  # in practice one spacing per batch: one convolution
+        if r < 1:
+            continue  # no neighbour is that close
+        chosen = radius == r
+        kernel = _disk(r, mask.device)
+        hits = F.conv2d(mask[chosen, None].float(), kernel, padding=kernel.shape[-1] // 2)  # counts, exact in fp32
+        out[chosen] = hits[:, 0] > 0.5
+    return out
+
+
+def pointing(maps: torch.Tensor, lesion: torch.Tensor, head: torch.Tensor, radius: torch.Tensor) -> torch.Tensor:
+    """Pointing game per slice: is the map's maximum over the head within ``radius`` pixels of the lesion?
+
+    Ties are honest: every head pixel equal to the maximum counts, and the score is the fraction of them that
+    hit, so a constant map scores the share of the head near the lesion (chance), not 1 by luck.
+
+    Args:
+        maps: ``(B, H, W)`` float.
+        lesion: ``(B, H, W)`` bool, within the head.
+        head: ``(B, H, W)`` bool, not empty.
+        radius: ``(B,)`` tolerance in pixels.
+
+    Returns:
+        ``(B,)`` float64 in [0, 1].
+    """
+    top = maps.masked_fill(~head, float("-inf")).amax(dim=(1, 2), keepdim=True)  # (B, 1, 1)
+    tied = head & (maps == top)
+    hit = tied & dilate(lesion, radius)
+    return hit.sum(dim=(1, 2), dtype=torch.float64) / tied.sum(dim=(1, 2), dtype=torch.float64)
+
+
+def energy_in_mask(maps: torch.Tensor, lesion: torch.Tensor, head: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Share of the map's mass over the head that lies on the lesion, and its chance level, per slice.
+
+    A map that is zero over the whole head says nothing: it is scored as uniform (energy = mask fraction).
+
+    Args:
+        maps: ``(B, H, W)`` non-negative.
+        lesion: ``(B, H, W)`` bool, within the head.
+        head: ``(B, H, W)`` bool, not empty.
+
+    Returns:
+        ``energy`` and ``mask_fraction`` (the lesion's share of the head's area), each ``(B,)`` float64.
+    """
+    mask_fraction = lesion.sum(dim=(1, 2), dtype=torch.float64) / head.sum(dim=(1, 2), dtype=torch.float64)
+    total = (maps * head).sum(dim=(1, 2), dtype=torch.float64)
+    on_lesion = (maps * lesion).sum(dim=(1, 2), dtype=torch.float64)
+    energy = torch.where(total > 0, on_lesion / total.clamp_min(torch.finfo(torch.float64).tiny), mask_fraction)
+    return energy, mask_fraction
+
+
+def pixel_auroc(maps: torch.Tensor, lesion: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
+    """AUROC of the map's values as a lesion-pixel detector over the head's pixels, per slice.
+
+    The Mann-Whitney statistic from average ranks, so tied values count half (as ``sklearn.metrics.roc_auc_score``).
+
+    Args:
+        maps: ``(B, H, W)`` float.
+        lesion: ``(B, H, W)`` bool, within the head; every slice has lesion and non-lesion head pixels.
+        head: ``(B, H, W)`` bool.
+
+    Returns:
+        ``(B,)`` float64 in [0, 1].
+    """
+    B = maps.shape[0]
+    inside = head.flatten(1)  # (B, N)
+    # Pixels outside the head sort after every head pixel, so the first n_head positions rank the head alone.
+    values, order = maps.flatten(1).masked_fill(~inside, float("inf")).sort(dim=1)
+    positive = lesion.flatten(1).gather(1, order)
+    N = values.shape[1]
+    position = torch.arange(N, device=maps.device).expand(B, N)
+    starts = torch.ones_like(positive)
+    starts[:, 1:] = values[:, 1:] != values[:, :-1]
+    ends = torch.ones_like(positive)
+    ends[:, :-1] = starts[:, 1:]
+    first = torch.where(starts, position, 0).cummax(dim=1).values  # first position of each tie group
+    last = torch.where(ends, position, N - 1).flip(1).cummin(dim=1).values.flip(1)  # and its last
+    rank = (first + last).double() / 2 + 1  # 1-based average rank
+    n_pos = positive.sum(dim=1, dtype=torch.float64)
+    n_neg = inside.sum(dim=1, dtype=torch.float64) - n_pos
+    rank_sum = (rank * positive).sum(dim=1)
+    return (rank_sum - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
+
+
+class LocalisationMetrics(Metric):
+    """How well maps point at lesions: per slice over the head, averaged over the scored slices.
+
+    ``compute`` returns ``pointing`` (:func:`pointing`, ties shared), ``energy`` and ``mask_fraction``
+    (:func:`energy_in_mask`), ``energy_ratio`` (mean energy / mean mask fraction: 1 is chance), ``pixel_auroc``
+    (:func:`pixel_auroc`, ties count half) and ``slices`` (how many were scored). Every state is a sum
+    (``dist_reduce_fx="sum"``), so the result under DDP equals one process over all slices.
+
+    Args:
+        tolerance_mm: Pointing game tolerance: the map's maximum scores when its centre lies within this
+            distance (mm, pixel centre to pixel centre) of a lesion pixel.
+        pixel_spacing_mm: Pixel size of the maps' grid in mm, unless ``update`` is given one per slice.
+        **kwargs: Passed to ``torchmetrics.Metric``.
+    """
+
+    is_differentiable = False
+    full_state_update = False
+    STATES = ("pointing", "energy", "mask_fraction", "pixel_auroc", "slices")
+
+    def __init__(self, *, tolerance_mm: float = 5.0, pixel_spacing_mm: float = 1.0, **kwargs) -> None:
+        super().__init__(**kwargs)
+        if not tolerance_mm >= 0:
+            raise ValueError(f"tolerance_mm must be >= 0 mm, got {tolerance_mm}")
+        if not pixel_spacing_mm > 0:
+            raise ValueError(f"pixel_spacing_mm must be > 0 mm, got {pixel_spacing_mm}")
+        self.tolerance_mm = tolerance_mm
+        self.pixel_spacing_mm = pixel_spacing_mm
+        for name in self.STATES:
+            self.add_state(name, default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+
+    def update(
+        self,
+        maps: torch.Tensor,
+        masks: torch.Tensor,
+        head: torch.Tensor | None = None,
+        *,
+        known: torch.Tensor | None = None,
+        pixel_spacing_mm: float | torch.Tensor | None = None,
+    ) -> None:
+        """Scores the slices whose mask is known and holds lesion and non-lesion head pixels; skips the rest.
+
+        Args:
+            maps: ``(B, H, W)`` non-negative maps (negative values are clipped to 0).
+            masks: ``(B, H, W)`` lesion masks, 0/1, on the same grid.
+            head: ``(B, H, W)`` head masks, 0/1: scoring ignores every other pixel; None: the whole slice.
+            known: ``(B,)`` bool: the slice's mask is known (``CTBatch["has_mask"]``); None: every mask is.
+            pixel_spacing_mm: Pixel size in mm, one for all or ``(B,)``; None: the constructor's.
+        """
+        if maps.dim() != 3 or masks.shape != maps.shape or (head is not None and head.shape != maps.shape):
+            raise ValueError(
+                f"maps, masks and head must share one (B, H, W) shape, got {tuple(maps.shape)}, "
+                f"{tuple(masks.shape)} and {None if head is None else tuple(head.shape)}"
+            )
+        head = torch.ones_like(masks, dtype=torch.bool) if head is None else head > 0.5
+        lesion = (masks > 0.5) & head
+        scored = lesion.any(dim=(1, 2)) & (head & ~lesion).any(dim=(1, 2))
+        if known is not None:
+            scored &= known.to(scored.device, torch.bool)
+        if not scored.any():
+            return
+        if pixel_spacing_mm is None:
+            pixel_spacing_mm = self.pixel_spacing_mm
+        spacing = torch.as_tensor(pixel_spacing_mm, dtype=torch.float64, device=maps.device).expand(len(maps))
+        maps, lesion, head = maps[scored].float().clamp_min(0), lesion[scored], head[scored]
+        energy, mask_fraction = energy_in_mask(maps, lesion, head)
+        self.pointing += pointing(maps, lesion, head, self.tolerance_mm / spacing[scored]).sum()
+        self.energy += energy.sum()
+        self.mask_fraction += mask_fraction.sum()
+        self.pixel_auroc += pixel_auroc(maps, lesion, head).sum()
+        self.slices += scored.sum()
+
+    def compute(self) -> dict[str, torch.Tensor]:
+        """Means over the scored slices (NaN before any), ``energy_ratio`` = mean energy / mean mask fraction."""
+        n = self.slices if self.slices > 0 else self.slices.new_tensor(float("nan"))
+        means = {name: getattr(self, name) / n for name in self.STATES[:-1]}
+        means["energy_ratio"] = means["energy"] / means["mask_fraction"]
+        return {**means, "slices": self.slices}
+
+
+def upsampled_rollout(model: nn.Module, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits and the attention rollout bilinearly upsampled to the input's ``(B, S, S)``.
+
+    Args:
+        model: a :class:`vit_ct.ViTClassifier` or any module whose ``explain(image)`` returns logits and
+            ``(B, grid_h, grid_w)`` rollout; in eval mode.
+        image: ``(B, C, S, S)`` model input.
+    """
+    with torch.no_grad():
+        logits, rollout = model.explain(image)
+        with torch.autocast(image.device.type, enabled=False):  # float32 maps also under AMP: fewer false ties
+            heat = F.interpolate(rollout[:, None].float(), size=image.shape[-2:], mode="bilinear", align_corners=False)
+    return logits, heat[:, 0].clamp_min(0)  # (B, S, S)
+
+
+def localisation_maps(model: nn.Module, batch: dict) -> dict[str, torch.Tensor]:
+    """The maps localisation scores on the model grid, each ``(B, S, S)``.
+
+    ``rollout``: the model's attention rollout, upsampled; ``floor_image``: the first window of the image itself
+    (acute blood is bright); ``floor_head``: the head mask (uniform over the head: chance).
+
+    Args:
+        model: see :func:`upsampled_rollout`.
+        batch: a :class:`vit_ct.CTBatch` (``image`` and ``head`` are read).
+    """
+    _, rollout = upsampled_rollout(model, batch["image"])
+    return {"rollout": rollout, "floor_image": batch["image"][:, 0].float(), "floor_head": batch["head"][:, 0].float()}

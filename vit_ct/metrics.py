@@ -1,0 +1,109 @@
+"""Slice-level classification metrics: AUROC (also per label), accuracy, F1, sensitivity and specificity via
+torchmetrics, and RSNA 2019's weighted multi-label log loss.
+
+Every metric is a torchmetrics ``Metric``, so it syncs its state across DDP ranks before it computes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+from torchmetrics import Metric, MetricCollection
+from torchmetrics.classification import AUROC, Accuracy, BinaryAUROC, F1Score, Recall, Specificity
+
+from vit_ct.rsna import RSNA_LABEL_WEIGHTS
+
+Task = Literal["binary", "multiclass", "multilabel"]
+
+
+def classification_metrics(
+    task: Task, num_classes: int, prefix: str, *, class_names: Sequence[str] | None = None
+) -> MetricCollection:
+    """The metric set of one stage, keys ``{prefix}auroc``, ``{prefix}accuracy``, ...
+
+    Multi-label adds ``{prefix}auroc_<label>`` per label beside the macro ``{prefix}auroc``, and
+    ``{prefix}weighted_log_loss`` when the labels are RSNA 2019's six (``vit_ct.rsna``).
+
+    Args:
+        task: ``binary`` (inputs: P(lesion) per slice), ``multiclass`` (inputs: class probabilities
+            ``(B, num_classes)``) or ``multilabel`` (inputs: per-label probabilities ``(B, num_classes)``,
+            targets 0/1 integers).
+        num_classes: Classes (multi-class) or labels (multi-label); ignored for binary.
+        prefix: Stage prefix such as ``"val/"``.
+        class_names: Label names for the per-label keys; default ``0``, ``1``, ...
+    """
+    if task == "binary":
+        kwargs = {"task": "binary"}
+    elif task == "multiclass":
+        kwargs = {"task": "multiclass", "num_classes": num_classes, "average": "macro"}
+    else:
+        kwargs = {"task": "multilabel", "num_labels": num_classes, "average": "macro"}
+    metrics = {
+        "auroc": AUROC(**kwargs),
+        "accuracy": Accuracy(**kwargs),
+        "f1": F1Score(**kwargs),
+        # Sensitivity is recall of the positive class; specificity is recall of the negative class.
+        "sensitivity": Recall(**kwargs),
+        "specificity": Specificity(**kwargs),
+    }
+    if task == "multilabel":
+        names = [str(name) for name in class_names or range(num_classes)]
+        metrics.update({f"auroc_{name}": LabelAUROC(i) for i, name in enumerate(names)})
+        if sorted(names) == sorted(RSNA_LABEL_WEIGHTS):
+            metrics["weighted_log_loss"] = WeightedLogLoss([RSNA_LABEL_WEIGHTS[name] for name in names])
+    return MetricCollection(metrics, prefix=prefix)
+
+
+class LabelAUROC(BinaryAUROC):
+    """AUROC of one label of multi-label inputs ``(B, L)``: a plain metric, so Lightning logs it like any other
+    (torchmetrics' ``ClasswiseWrapper`` returns a dict, which ``log_dict`` cannot take).
+
+    Args:
+        label: Column of the label in the inputs.
+    """
+
+    def __init__(self, label: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.label = label
+
+    def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
+        super().update(preds[:, self.label], target[:, self.label])
+
+
+class WeightedLogLoss(Metric):
+    """Weighted multi-label log loss, the RSNA 2019 Intracranial Hemorrhage Detection metric.
+
+    Per slice, the label-weighted mean of the binary cross-entropies, ``sum_l w_l BCE_l / sum_l w_l``; then the mean
+    over slices. RSNA weights ``any`` 2 and each subtype 1. Kaggle scored a submission's (slice, label) rows as one
+    log loss with those sample weights, which is the same number: every slice carries the same total weight (7).
+    Probabilities are clipped to ``[eps, 1 - eps]`` (scikit-learn's ``log_loss`` of 2019 used 1e-15), so a
+    confident mistake costs a large but finite loss.
+
+    Args:
+        weights: One weight per label, in the order of the inputs' columns.
+        eps: Clipping of the probabilities.
+    """
+
+    is_differentiable = False
+    higher_is_better = False
+    full_state_update = False
+
+    def __init__(self, weights: Sequence[float], *, eps: float = 1e-15, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.eps = eps
+        self.register_buffer("weights", torch.as_tensor(weights, dtype=torch.float32) / sum(weights), persistent=False)
+        self.add_state("total", torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("count", torch.tensor(0), dist_reduce_fx="sum")
+
+    def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
+        """``preds``: probabilities ``(B, L)``; ``target``: 0/1 ``(B, L)``."""
+        p = preds.double().clamp(self.eps, 1 - self.eps)  # float64: 1 - 1e-15 is 1.0 in float32
+        y = target.double()
+        bce = -(y * p.log() + (1 - y) * (1 - p).log())  # (B, L)
+        self.total += (bce * self.weights.double()).sum()
+        self.count += bce.shape[0]
+
+    def compute(self) -> torch.Tensor:
+        return (self.total / self.count).float()

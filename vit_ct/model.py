@@ -1,0 +1,354 @@
+"""``ViTClassifier``: a timm Vision Transformer (arXiv:2010.11929) for CT slices, as a LightningModule.
+
+16x16 patches, learnable position embeddings, a class token, pre-norm blocks; an optional patch head learns
+"is there blood in this patch" from the lesion masks, which teaches a ViT trained from scratch where to look.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Literal
+
+import lightning as L
+import timm
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from timm.optim import param_groups_layer_decay, param_groups_weight_decay
+from torch import nn
+
+from vit_ct.attention import patch_grid, record_attention
+from vit_ct.localisation import MAP_SOURCES, LocalisationMetrics, localisation_maps, model_grid_spacing_mm
+from vit_ct.metrics import classification_metrics
+from vit_ct.rollout import class_token_rollout
+from vit_ct.stem import ConvStemPatchEmbed
+from vit_ct.weights import load_weights
+
+
+class ViTClassifier(L.LightningModule):
+    """Slice classifier: P(lesion) for two classes, class probabilities, or per-label probabilities.
+
+    Args:
+        arch: timm ViT architecture the network starts from; the arguments below override its defaults.
+        img_size: Side of the square model input in pixels (a multiple of ``patch_size``).
+        patch_size: Side of a patch in pixels.
+        stem: ``patch``: timm's linear patch embedding; ``conv``: a convolutional stem with the same token grid,
+            which trains much better from scratch on small data (arXiv:2106.14881).
+        in_chans: Input channels (one per HU window; linked to the data in the CLI).
+        num_classes: Classes (label 0 = no lesion) or, with ``multilabel``, labels. None: one per name in
+            ``class_names`` for multi-label (the CLI links both from ``data.label_columns``), else 2.
+        class_names: Names of the classes or labels, for prediction columns (``prob_<name>``).
+        multilabel: Independent sigmoid outputs and binary cross-entropy (e.g. RSNA's subtype labels).
+        embed_dim: Token width; None keeps the architecture's.
+        depth: Transformer blocks; None keeps the architecture's.
+        num_heads: Attention heads; None keeps the architecture's.
+        reg_tokens: Register tokens beside the class token (arXiv:2309.16588).
+        drop_rate: Dropout before the classifier.
+        attn_drop_rate: Dropout on the attention weights, after the softmax.
+        drop_path_rate: Stochastic depth, rising linearly to this rate in the last block.
+        patch_loss_weight: Weight of the patch-level loss (each token predicts whether its patch holds lesion
+            pixels, from the masks); 0 switches the patch head off.
+        class_weights: Per-class loss weights (e.g. ``[1.0, 3.0]`` against class imbalance); per-label positive
+            weights when ``multilabel``.
+        label_smoothing: Label smoothing of the cross-entropy.
+        lr: Peak learning rate of the default AdamW.
+        weight_decay: Weight decay of the default AdamW; never applied to norms, biases, position embeddings or
+            prefix tokens.
+        warmup_epochs: Linear warm-up length of the default cosine schedule, in epochs (fractions allowed).
+        layer_decay: Layer-wise learning-rate decay (e.g. 0.75) for fine-tuning; None: the same rate everywhere.
+        rollout_head_fusion: How attention rollout fuses the heads of a block (``mean``, ``max``, ``min``).
+        rollout_discard_ratio: Share of the lowest attention weights rollout discards per block.
+        localisation_tolerance_mm: Pointing-game tolerance of the validation and test localisation metrics, in mm
+            (slices padded to square are assumed to span 230 mm unless batches carry ``pixel_spacing_mm``).
+        grad_checkpointing: Recompute block activations in the backward pass (less memory, ~30% slower).
+        weights: Initial weights: a vit-ct checkpoint or a timm state-dict file. Channels, position grid and
+            differently sized heads are adapted. Only the network is loaded, not the trainer state.
+        optimizer: Replaces the default AdamW; receives the parameter groups.
+        scheduler: Replaces the default per-step warm-up + cosine schedule.
+    """
+
+    def __init__(
+        self,
+        *,
+        arch: str = "vit_tiny_patch16_224",
+        img_size: int = 128,
+        patch_size: int = 16,
+        stem: Literal["patch", "conv"] = "conv",
+        in_chans: int = 1,
+        num_classes: int | None = None,
+        class_names: list[str] | None = None,
+        multilabel: bool = False,
+        embed_dim: int | None = None,
+        depth: int | None = 6,
+        num_heads: int | None = None,
+        reg_tokens: int = 0,
+        drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.1,
+        patch_loss_weight: float = 1.0,
+        class_weights: list[float] | None = None,
+        label_smoothing: float = 0.0,
+        lr: float = 5e-4,
+        weight_decay: float = 0.05,
+        warmup_epochs: float = 1.0,
+        layer_decay: float | None = None,
+        rollout_head_fusion: Literal["mean", "max", "min"] = "mean",
+        rollout_discard_ratio: float = 0.0,
+        localisation_tolerance_mm: float = 5.0,
+        grad_checkpointing: bool = False,
+        weights: str | None = None,
+        optimizer: OptimizerCallable | None = None,
+        scheduler: LRSchedulerCallable | None = None,
+    ) -> None:
+        super().__init__()
+        if num_classes is None:  # multi-label: one output per named label
+            num_classes = len(class_names) if multilabel and class_names else 2
+        if num_classes < 1 or (num_classes < 2 and not multilabel):
+            raise ValueError(f"num_classes must be >= 2 (or >= 1 with multilabel), got {num_classes}")
+        if img_size % patch_size:
+            raise ValueError(f"img_size ({img_size}) must be a multiple of patch_size ({patch_size})")
+        if class_names is not None and len(class_names) != num_classes:
+            raise ValueError(
+                f"class_names has {len(class_names)} names (multi-label: from data.label_columns) for"
+                f" num_classes={num_classes}; set --model.num_classes {len(class_names)}, or leave it unset"
+            )
+        if class_weights is not None and len(class_weights) != num_classes:
+            raise ValueError(f"class_weights has {len(class_weights)} values for num_classes={num_classes}")
+        # `weights` is a start point, not part of the model: a checkpoint must load without that file.
+        self.save_hyperparameters(ignore=["optimizer", "scheduler", "weights"])
+        self.hparams.num_classes = num_classes  # resolved (the CLI hands its own config to save_hyperparameters)
+        overrides = {"embed_dim": embed_dim, "depth": depth, "num_heads": num_heads}
+        if not timm.is_model(arch) or not arch.startswith(("vit_", "deit")):
+            raise ValueError(f"arch {arch!r} is not a timm Vision Transformer (e.g. vit_tiny_patch16_224)")
+        self.vit = timm.create_model(
+            arch,
+            pretrained=False,
+            img_size=img_size,
+            patch_size=patch_size,
+            in_chans=in_chans,
+            num_classes=num_classes,
+            reg_tokens=reg_tokens,
+            drop_rate=drop_rate,
+            attn_drop_rate=attn_drop_rate,
+            drop_path_rate=drop_path_rate,
+            **({"embed_layer": ConvStemPatchEmbed} if stem == "conv" else {}),
+            **{k: v for k, v in overrides.items() if v is not None},
+        )
+        self.patch_head = nn.Linear(self.vit.embed_dim, 1) if patch_loss_weight > 0 else None
+        if grad_checkpointing:
+            self.vit.set_grad_checkpointing(True)
+        self.register_buffer(
+            "class_weights", torch.tensor(class_weights, dtype=torch.float32) if class_weights else None
+        )
+        self.task = "multilabel" if multilabel else ("binary" if num_classes == 2 else "multiclass")
+        self.metrics = nn.ModuleDict(
+            {
+                stage: classification_metrics(self.task, num_classes, f"{stage}/", class_names=class_names)
+                for stage in ("val", "test")
+            }
+        )
+        # Rollout against the lesion masks, beside two floors it must beat: the image itself and the head mask.
+        spacing = model_grid_spacing_mm(img_size)
+        self.localisation = nn.ModuleDict(
+            {
+                stage: nn.ModuleDict(
+                    {
+                        source: LocalisationMetrics(tolerance_mm=localisation_tolerance_mm, pixel_spacing_mm=spacing)
+                        for source in MAP_SOURCES
+                    }
+                )
+                for stage in ("val", "test")
+            }
+        )
+        self.optimizer_factory = optimizer
+        self.scheduler_factory = scheduler
+        if weights:
+            load_weights(self, weights, vit=self.vit)
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path, map_location=None, hparams_file=None, strict=None, **kwargs):
+        """Restore a vit-ct checkpoint; the file is read with ``weights_only=True``, so it cannot run code."""
+        if kwargs.pop("weights_only", True) is not True:
+            raise ValueError(f"vit-ct loads checkpoints with weights_only=True only (not {checkpoint_path})")
+        return super().load_from_checkpoint(
+            checkpoint_path,
+            map_location=map_location,
+            hparams_file=hparams_file,
+            strict=strict,
+            weights_only=True,
+            **kwargs,
+        )
+
+    @property
+    def class_names(self) -> list[str]:
+        """Names of the outputs: ``class_names`` or ``0``, ``1``, ..."""
+        return list(self.hparams.class_names or [str(i) for i in range(self.hparams.num_classes)])
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        """Logits ``(B, num_classes)`` for windowed slices ``(B, in_chans, img_size, img_size)``."""
+        return self.vit(image)
+
+    def probabilities(self, logits: torch.Tensor) -> torch.Tensor:
+        """P(lesion) ``(B,)`` for binary, else ``(B, num_classes)``; float32 whatever the autocast dtype."""
+        logits = logits.float()
+        if self.task == "multilabel":
+            return logits.sigmoid()
+        probs = logits.softmax(-1)
+        return probs[:, 1] if self.task == "binary" else probs
+
+    def _losses(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        image, label = batch["image"], batch["label"]
+        tokens = self.vit.forward_features(image)  # (B, T, D)
+        logits = self.vit.forward_head(tokens).float()  # losses and metrics in float32, also under AMP
+        if self.task == "multilabel":
+            loss = F.binary_cross_entropy_with_logits(logits, label.float(), pos_weight=self.class_weights)
+        else:
+            loss = F.cross_entropy(
+                logits, label, weight=self.class_weights, label_smoothing=self.hparams.label_smoothing
+            )
+        parts = {"cls_loss": loss.detach()}
+        if self.patch_head is not None:
+            patch_loss = self._patch_loss(tokens, batch)
+            if patch_loss is not None:
+                parts["patch_loss"] = patch_loss.detach()
+                loss = loss + self.hparams.patch_loss_weight * patch_loss
+        return loss, logits, parts
+
+    def _patch_loss(self, tokens: torch.Tensor, batch: dict) -> torch.Tensor | None:
+        """BCE of each patch token against "this patch holds lesion pixels", on slices whose mask is known."""
+        label = batch["label"]
+        lesion_free = (label.sum(-1) == 0) if self.task == "multilabel" else (label == 0)
+        known = batch["has_mask"] | lesion_free  # a slice without lesion has an empty mask by definition
+        if not known.any():
+            return None
+        patch = self.hparams.patch_size
+        target = (F.max_pool2d(batch["mask"].float(), patch) > 0.5).flatten(1).float()  # (B, N)
+        patch_logits = self.patch_head(tokens[:, self.vit.num_prefix_tokens :]).squeeze(-1).float()  # (B, N)
+        logits, target = patch_logits[known], target[known]
+        losses = F.binary_cross_entropy_with_logits(logits, target, reduction="none")
+        # Lesion patches are ~1% of all: weigh both kinds equally, or "never blood" is the easy minimum.
+        lesion = target > 0.5
+        if lesion.all() or not lesion.any():
+            return losses.mean()
+        return 0.5 * (losses[lesion].mean() + losses[~lesion].mean())
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        loss, _, parts = self._losses(batch)
+        size = batch["image"].shape[0]
+        self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, batch_size=size)
+        for name, value in parts.items():
+            self.log(f"train/{name}", value, on_step=False, on_epoch=True, batch_size=size)
+        return loss
+
+    def _evaluate(self, batch: dict, stage: str) -> torch.Tensor | None:
+        keep = batch.get("valid")  # False on samples a distributed sampler repeated to even out the ranks
+        if keep is not None and not keep.all():
+            batch = {k: v[keep] if torch.is_tensor(v) and v.shape[:1] == keep.shape else v for k, v in batch.items()}
+        label = batch["label"]
+        if not len(label):  # a batch of DDP padding only (possible when a split has fewer slices than ranks)
+            return None
+        loss, logits, _ = self._losses(batch)
+        self.metrics[stage].update(self.probabilities(logits), label)
+        self.log(f"{stage}/loss", loss, prog_bar=stage == "val", sync_dist=True, batch_size=len(label))
+        self.log_dict(self.metrics[stage], prog_bar=stage == "val")
+        self._localise(batch, stage)
+        return loss
+
+    def _localise(self, batch: dict, stage: str) -> None:
+        """Scores rollout and its floors against the lesion on slices with a known, non-empty mask."""
+        scored = batch["has_mask"] & batch["mask"].flatten(1).any(dim=1)
+        if not scored.any():
+            return
+        # a second forward pass, on the scored slices only; `pixel_spacing_mm` (model grid) when the batch has it
+        keys = ("image", "mask", "head", "pixel_spacing_mm")
+        batch = {key: batch[key][scored] for key in keys if key in batch}
+        mask, head, spacing = batch["mask"][:, 0], batch["head"][:, 0], batch.get("pixel_spacing_mm")
+        for source, maps in localisation_maps(self, batch).items():
+            metrics = self.localisation[stage][source]
+            metrics.update(maps, mask, head, pixel_spacing_mm=spacing)
+
+    def _log_localisation(self, stage: str) -> None:
+        """Logs ``{stage}/{source}_{score}`` for the epoch, unless no slice was scored (e.g. data without masks)."""
+        for source, metrics in self.localisation[stage].items():
+            with warnings.catch_warnings():
+                # every rank joins the sync, also one that scored nothing: its "compute before update" is noise
+                warnings.filterwarnings("ignore", message="The ``compute`` method", category=UserWarning)
+                values = metrics.compute()  # the same on every rank
+            metrics.reset()
+            if values["slices"] > 0:
+                self.log_dict({f"{stage}/{source}_{name}": value.float() for name, value in values.items()})
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_localisation("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_localisation("test")
+
+    def validation_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        return self._evaluate(batch, "val")
+
+    def test_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        return self._evaluate(batch, "test")
+
+    def explain(self, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits and attention rollout ``(B, grid_h, grid_w)`` of a batch, from one forward pass.
+
+        Heads are fused inside the hook and only the class token's row is propagated, so large slices fit.
+        """
+        with record_attention(self.vit, head_fusion=self.hparams.rollout_head_fusion) as attentions:
+            logits = self(image)
+        rollout = class_token_rollout(
+            attentions,
+            head_fusion=self.hparams.rollout_head_fusion,
+            discard_ratio=self.hparams.rollout_discard_ratio,
+            num_prefix_tokens=self.vit.num_prefix_tokens,
+            grid_size=patch_grid(self.vit, image.shape),
+        )
+        return logits, rollout.float()
+
+    def predict_step(self, batch: dict, batch_idx: int) -> dict[str, torch.Tensor]:
+        logits, rollout = self.explain(batch["image"])
+        return {"prob": self.probabilities(logits), "rollout": rollout, "index": batch["index"]}
+
+    def configure_optimizers(self):
+        groups = self._param_groups()
+        if self.optimizer_factory is not None:
+            optimizer = self.optimizer_factory(groups)
+        else:
+            optimizer = torch.optim.AdamW(groups, lr=self.hparams.lr)
+        if self.scheduler_factory is not None:
+            return {"optimizer": optimizer, "lr_scheduler": self.scheduler_factory(optimizer)}
+        total = max(int(self.trainer.estimated_stepping_batches), 1)
+        epochs = self.trainer.max_epochs if self.trainer.max_epochs and self.trainer.max_epochs > 0 else 1
+        warmup = min(int(self.hparams.warmup_epochs * total / epochs), total - 1)
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(warmup, total))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+    def _param_groups(self) -> list[dict]:
+        """timm's groups: no decay on 1-D tensors and ``no_weight_decay()``; optional layer-wise LR decay."""
+        wd, lr = self.hparams.weight_decay, self.hparams.lr
+        skip = self.vit.no_weight_decay()
+        if self.hparams.layer_decay is not None:
+            groups = param_groups_layer_decay(
+                self.vit, weight_decay=wd, no_weight_decay_list=skip, layer_decay=self.hparams.layer_decay
+            )
+            for group in groups:  # torch optimizers ignore timm's `lr_scale`: bake it into the rate
+                group["lr"] = lr * group.pop("lr_scale", 1.0)
+        else:
+            groups = param_groups_weight_decay(self.vit, weight_decay=wd, no_weight_decay_list=skip)
+        if self.patch_head is not None:
+            groups.append({"params": list(self.patch_head.parameters()), "weight_decay": 0.0})
+        return groups
+
+
+def warmup_cosine(warmup_steps: int, total_steps: int):
+    """LR multiplier per step: linear from ~0 to 1 over ``warmup_steps``, then cosine to 0 at ``total_steps``."""
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / (warmup_steps + 1)
+        progress = (step - warmup_steps) / max(total_steps - warmup_steps, 1)
+        return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+
+    return factor

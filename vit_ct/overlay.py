@@ -1,0 +1,56 @@
+"""Overlays for a person: a windowed CT slice, a heat map over it, and the lesion contour, as an RGB image."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from matplotlib import colormaps
+from PIL import Image
+from skimage.segmentation import find_boundaries
+
+from vit_ct.windows import window_hu
+
+CONTOUR_RGB = (0, 255, 0)
+
+
+def normalise_map(heat: np.ndarray) -> np.ndarray:
+    """Scale a non-negative map to [0, 1] by its maximum (all zeros stays zeros)."""
+    heat = np.clip(np.nan_to_num(heat.astype(np.float32)), 0, None)
+    top = heat.max()
+    return heat / top if top > 0 else heat
+
+
+def render_overlay(
+    hu: np.ndarray,
+    heat: np.ndarray | None = None,
+    mask: np.ndarray | None = None,
+    *,
+    window: tuple[float, float] = (40.0, 80.0),
+    alpha: float = 0.5,
+    cmap: str = "turbo",
+) -> np.ndarray:
+    """``(rows, cols, 3)`` uint8: the slice in ``window`` (centre, width HU), ``heat`` blended in, mask outlined.
+
+    Heat is scaled to its maximum and blended in proportion to its value, so unattended tissue stays grey.
+    """
+    gray = np.asarray(window_hu(hu.astype(np.float32), *window))[..., None].repeat(3, axis=-1)  # (rows, cols, 3)
+    rgb = gray
+    if heat is not None:
+        if heat.shape != hu.shape:
+            raise ValueError(f"heat map {heat.shape} and slice {hu.shape} differ in size")
+        h = normalise_map(heat)[..., None]
+        color = colormaps[cmap](h[..., 0])[..., :3]
+        rgb = (1 - alpha * h) * gray + alpha * h * color
+    rgb = (np.clip(rgb, 0, 1) * 255).round().astype(np.uint8)
+    if mask is not None and mask.any():
+        rgb[find_boundaries(mask.astype(bool), mode="outer")] = CONTOUR_RGB
+    return rgb
+
+
+def save_png(rgb: np.ndarray, path: str | Path) -> None:
+    """Write an RGB image atomically (a crash never leaves a truncated PNG behind)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    Image.fromarray(rgb).save(tmp, format="PNG")
+    tmp.replace(path)

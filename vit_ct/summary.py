@@ -1,0 +1,68 @@
+"""What the last ``vit-ct fit`` left behind, for scripts and ``make demo``: ``python -m vit_ct.summary KEY`` prints one
+value of ``runs/latest/summary.json``; ``python -m vit_ct.summary report OUT`` prints where everything is.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+LATEST = Path("runs/latest/summary.json")
+LOCALISATION = ("pointing", "energy", "mask_fraction", "energy_ratio", "pixel_auroc")
+
+
+def read_summary(path: str | Path = LATEST) -> dict:
+    """The run summary written after ``fit`` (checkpoint paths, run and W&B folders, final metrics)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path} does not exist: run `vit-ct fit` (or `make demo`) first")
+    return json.loads(path.read_text())
+
+
+def report(output_dir: str | Path, summary: dict) -> str:
+    """Plain-text report of a demo: where the files are and the test figures, localisation beside its floors."""
+    metrics = summary.get("metrics", {})
+    output_dir = Path(output_dir)
+    lines = [
+        "",
+        "vit-ct demo: done",
+        f"  best checkpoint   {summary.get('best_checkpoint')}",
+        f"  run folder        {summary.get('run_dir')}  (config.yaml, summary.json)",
+        f"  W&B run (offline) {summary.get('wandb_dir')}",
+        f"  predictions       {output_dir / 'predictions.csv'}  (maps/*.npy, overlays/*.png)",
+    ]
+    if (output_dir / "predictions.csv").is_file():
+        lines[-1] += f": {len(pd.read_csv(output_dir / 'predictions.csv'))} slices"
+    names = ("auroc", "accuracy", "sensitivity", "specificity")
+    lines.append("  test  " + "  ".join(f"{n} {metrics[f'test/{n}']:.3f}" for n in names if f"test/{n}" in metrics))
+    if "test/rollout_pointing" in metrics:
+        lines.append("  localisation on test slices with a lesion (pointing tolerance 5 mm):")
+        lines.append(f"    {'map':<14}" + "".join(f"{n:>15}" for n in LOCALISATION))
+        for source in ("rollout", "floor_image", "floor_head"):
+            values = [metrics.get(f"test/{source}_{n}", float("nan")) for n in LOCALISATION]
+            lines.append(f"    {source:<14}" + "".join(f"{v:>15.3f}" for v in values))
+    lines += [
+        "  review the maps   .venv/bin/jupyter lab notebooks/attention_review.ipynb",
+        "                    (headless: .venv/bin/python -m vit_ct.review -> outputs/review/)",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) == 2 and args[0] == "report":
+        print(report(args[1], read_summary()))
+    elif len(args) == 1:
+        value = read_summary().get(args[0])
+        if value is None:
+            raise SystemExit(f"{LATEST} has no {args[0]!r}")
+        print(value)
+    else:
+        raise SystemExit("usage: python -m vit_ct.summary KEY | report OUTPUT_DIR")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""Initialise a timm ViT from a local weights file: a vit-ct checkpoint or a timm state dict (no hub, no pickle code).
+
+Channels, position-embedding grid and classifier head are adapted to the target model with timm's own helpers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from timm.layers import resample_abs_pos_embed
+from timm.models import VisionTransformer
+from timm.models._manipulate import adapt_input_conv
+
+# Keys of the classifier heads: re-initialised when their shape differs from the target's.
+_HEAD_PREFIXES = ("head.", "patch_head.")
+
+
+def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """Tensors of a weights file, loaded without executing code from it (``weights_only``).
+
+    Accepts a vit-ct / Lightning checkpoint (its ``state_dict``, network keys under ``vit.``), a plain
+    timm ``state_dict`` saved with ``torch.save``, a dict holding one under ``state_dict``/``model``, or
+    ``.safetensors``.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"weights file {path} does not exist")
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            obj = load_file(str(path))
+        else:
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises several types for corrupt or unsafe files
+        raise ValueError(f"cannot read weights file {path}: {err}") from err
+    for key in ("state_dict", "model", "state_dict_ema"):
+        if isinstance(obj, dict) and isinstance(obj.get(key), dict):
+            obj = obj[key]
+            break
+    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise ValueError(f"weights file {path} holds no state dict of tensors")
+    if any(k.startswith("vit.") for k in obj):  # a vit-ct checkpoint: the network lives under `vit.`
+        obj = {k[4:] if k.startswith("vit.") else k: v for k, v in obj.items()}
+    return obj
+
+
+def _stem(state: dict) -> list[str]:
+    return [k for k in state if k.startswith("patch_embed.") and "num_batches_tracked" not in k]
+
+
+def adapt_state_dict(state: dict[str, torch.Tensor], model: VisionTransformer) -> dict[str, torch.Tensor]:
+    """Reshape a ViT state dict to ``model``: input channels, position-embedding grid, head size."""
+    target = model.state_dict()
+    state = dict(state)
+    conv = "patch_embed.proj.weight"
+    if any(k.startswith("patch_embed.") for k in state) and set(_stem(state)) != set(_stem(target)):
+        # A linear patch embedding and a conv stem share nothing: the stem starts afresh, the rest loads.
+        state = {k: v for k, v in state.items() if not k.startswith("patch_embed.")}
+    if conv in state and conv in target and state[conv].shape[1] != target[conv].shape[1]:
+        # RGB -> 1 channel sums the kernels; -> N channels repeats them, rescaled (timm's rule).
+        state[conv] = adapt_input_conv(target[conv].shape[1], state[conv])
+    if "pos_embed" in state and "pos_embed" in target and state["pos_embed"].shape != target["pos_embed"].shape:
+        prefix = 0 if getattr(model, "no_embed_class", False) else model.num_prefix_tokens
+        state["pos_embed"] = resample_abs_pos_embed(
+            state["pos_embed"], new_size=model.patch_embed.grid_size, num_prefix_tokens=prefix
+        )
+    for key in list(state):
+        if key.startswith("head.") and (key not in target or state[key].shape != target[key].shape):
+            del state[key]
+    return state
+
+
+def load_weights(model: torch.nn.Module, path: str | Path, *, vit: VisionTransformer) -> list[str]:
+    """Copy the weights in ``path`` into ``model`` (whose timm network is ``vit``); returns re-initialised keys.
+
+    Raises:
+        ValueError: The file is unreadable or its tensors do not fit the architecture (other than the
+            adaptable channels, position grid and heads).
+    """
+    state = adapt_state_dict(read_state_dict(path), vit)
+    # Heads that live beside the timm network (e.g. the patch head) keep their own prefix.
+    target = model.state_dict()
+    vit_prefix = next(name for name, module in model.named_modules() if module is vit)
+    vit_prefix = f"{vit_prefix}." if vit_prefix else ""
+    remapped = {}
+    for key, value in state.items():
+        name = key if key.startswith(_HEAD_PREFIXES[1:]) else vit_prefix + key
+        if name in target and target[name].shape == value.shape:
+            remapped[name] = value
+        elif not key.startswith(_HEAD_PREFIXES):
+            shape = tuple(target[name].shape) if name in target else "absent"
+            raise ValueError(
+                f"weights file {path}: tensor {key} {tuple(value.shape)} does not fit the model ({shape}); "
+                "is it a different architecture (embed_dim, depth, patch_size)?"
+            )
+    missing = [k for k in target if k not in remapped]
+    fresh = (
+        (*_HEAD_PREFIXES, "patch_embed.") if not any(k.startswith("patch_embed.") for k in state) else _HEAD_PREFIXES
+    )
+    not_heads = [k for k in missing if not k.removeprefix(vit_prefix).startswith(fresh)]
+    if not_heads:
+        raise ValueError(f"weights file {path} lacks {len(not_heads)} tensors of the model, e.g. {not_heads[:3]}")
+    model.load_state_dict(remapped, strict=False)
+    return missing
