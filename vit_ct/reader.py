@@ -1,6 +1,7 @@
 """Read one CT slice (DICOM, NIfTI or .npy) as float32 Hounsfield units, and lesion masks of the same size.
 
 Every slice comes back rows x columns as a DICOM viewer shows it: rows toward posterior, columns toward patient left.
+The DICOM part lives in `vit_ct.dicom`; this module picks the reader by file kind and handles NIfTI, .npy and PNG.
 """
 
 from __future__ import annotations
@@ -10,24 +11,12 @@ from pathlib import Path
 
 import nibabel as nib
 import numpy as np
-import pydicom
 from PIL import Image
-from pydicom.dataset import Dataset
-from pydicom.encaps import get_frame
-from pydicom.errors import InvalidDicomError
-from pydicom.pixels import get_decoder, pixel_array
-from pydicom.pixels.utils import get_expected_length, get_nr_frames
 
-AIR_HU = -1000.0  # what DICOM pixel padding (outside the scan circle) becomes
-_MONOCHROME = ("MONOCHROME1", "MONOCHROME2")
+from vit_ct.dicom import AIR_HU, load_dicom, probe_dicom
+from vit_ct.filecheck import UnreadableFileError, check_file, frame_index
 
-
-class UnreadableFileError(ValueError):
-    """A slice or mask that cannot be used; `path` and `reason` are kept for reports."""
-
-    def __init__(self, path: str | os.PathLike, reason: str) -> None:
-        self.path, self.reason = str(path), reason
-        super().__init__(f"cannot read {self.path}: {reason}")
+__all__ = ["AIR_HU", "UnreadableFileError", "load_ct_slice", "load_mask", "probe_ct_slice", "probe_mask"]
 
 
 def _kind(path: Path) -> str:
@@ -39,167 +28,6 @@ def _kind(path: Path) -> str:
     if name.endswith(".png"):
         return "png"
     return "dicom"  # DICOM files often have no extension, or .dcm/.ima/a UID; detected by content
-
-
-def _check_file(path: str | os.PathLike) -> Path:
-    p = Path(path)
-    if not p.exists():
-        raise UnreadableFileError(p, "file not found")
-    if not p.is_file():
-        raise UnreadableFileError(p, "not a file (a directory?)")
-    if not os.access(p, os.R_OK):
-        raise UnreadableFileError(p, "no permission to read the file")
-    if p.stat().st_size == 0:
-        raise UnreadableFileError(p, "file is empty (0 bytes)")
-    return p
-
-
-def _frame_index(path: Path, n: int, frame: int | None, what: str) -> int:
-    """Validate `frame` against `n` slices; `frame=None` is allowed only when there is exactly one."""
-    if frame is None:
-        if n == 1:
-            return 0
-        raise UnreadableFileError(
-            path, f"{what} holds {n} slices; choose one with frame= (the manifest's `slice` column), 0..{n - 1}"
-        )
-    if isinstance(frame, bool) or not isinstance(frame, (int, np.integer)):
-        raise UnreadableFileError(path, f"frame must be an integer, got {frame!r}")
-    if not 0 <= frame < n:
-        raise UnreadableFileError(path, f"frame {frame} is out of range: {what} holds {n} slice(s), 0..{n - 1}")
-    return int(frame)
-
-
-# ---------------------------------------------------------------------------------------------------------- DICOM
-
-
-def _read_dicom(path: Path) -> Dataset:
-    """Parse the whole file (pixel bytes included, nothing decoded) and check it holds one greyscale image."""
-    try:
-        ds = pydicom.dcmread(path)
-    except InvalidDicomError:
-        # No 'DICM' prefix: old ACR-NEMA-style files still parse with force=True; anything else is not DICOM.
-        try:
-            ds = pydicom.dcmread(path, force=True)
-        except Exception:
-            ds = None
-        if ds is None or "Rows" not in ds or not _has_pixels(ds):
-            raise UnreadableFileError(
-                path, "not a DICOM file (no 'DICM' header) nor a .nii/.nii.gz/.npy file by extension"
-            ) from None
-    except Exception as e:  # pydicom raises many exception types on damaged files
-        raise UnreadableFileError(path, f"damaged or truncated DICOM ({type(e).__name__}: {e})") from None
-    if not _has_pixels(ds):
-        if len(ds) == 0 or ("Rows" in ds and "Columns" in ds):  # a header whose image never came
-            raise UnreadableFileError(path, "DICOM has an image header but no pixel data: file truncated?")
-        raise UnreadableFileError(
-            path, f"DICOM has no pixel data (SOP class: {_sop_name(ds)}): not an image, or the file is truncated"
-        )
-    if "Rows" not in ds or "Columns" not in ds or not ds.Rows or not ds.Columns:
-        raise UnreadableFileError(path, "DICOM header lacks Rows/Columns")
-    photometric = ds.get("PhotometricInterpretation") or "MONOCHROME2"  # absent in some ACR-NEMA files
-    if ds.get("SamplesPerPixel", 1) != 1 or photometric not in _MONOCHROME:
-        raise UnreadableFileError(
-            path,
-            f"colour image (PhotometricInterpretation={photometric}, SamplesPerPixel={ds.get('SamplesPerPixel', 1)});"
-            " expected a single-channel MONOCHROME1/2 CT slice",
-        )
-    syntax = ds.file_meta.get("TransferSyntaxUID") if hasattr(ds, "file_meta") else None
-    if syntax is not None and "PixelData" in ds:
-        try:
-            available = get_decoder(syntax).is_available
-        except NotImplementedError:
-            available = False
-        if not available:
-            raise UnreadableFileError(
-                path, f"no decoder installed for transfer syntax {syntax.name} ({syntax}); try pylibjpeg or GDCM"
-            )
-    return ds
-
-
-def _has_pixels(ds: Dataset) -> bool:
-    return any(k in ds for k in ("PixelData", "FloatPixelData", "DoubleFloatPixelData"))
-
-
-def _sop_name(ds: Dataset) -> str:
-    uid = ds.get("SOPClassUID") or getattr(ds, "file_meta", {}).get("MediaStorageSOPClassUID")
-    return uid.name if uid is not None else "unknown"
-
-
-def _dicom_frame(path: Path, ds: Dataset, frame: int | None) -> tuple[int, int]:
-    """Return (frame index, number of frames)."""
-    n = get_nr_frames(ds, warn=False)
-    return _frame_index(path, n, frame, "this multi-frame DICOM"), n
-
-
-def _check_dicom_bytes(path: Path, ds: Dataset, index: int, n: int) -> None:
-    """Cheap integrity check of the pixel bytes, without decoding them."""
-    if "PixelData" not in ds:
-        return
-    syntax = ds.file_meta.get("TransferSyntaxUID") if hasattr(ds, "file_meta") else None
-    if syntax is None or not syntax.is_encapsulated:
-        expected = get_expected_length(ds, "bytes")
-        if len(ds.PixelData) < expected:
-            raise UnreadableFileError(
-                path, f"pixel data is truncated ({len(ds.PixelData)} of {expected} bytes expected)"
-            )
-        return
-    try:
-        get_frame(ds.PixelData, index, number_of_frames=n)
-    except Exception as e:
-        raise UnreadableFileError(path, f"compressed pixel data is damaged ({syntax.name}: {e})") from None
-
-
-def _rescale(ds: Dataset, index: int) -> tuple[float, float] | None:
-    """(slope, intercept): enhanced CT keeps them per frame or shared in functional groups, classic CT at top level."""
-    for sequence, item in (("PerFrameFunctionalGroupsSequence", index), ("SharedFunctionalGroupsSequence", 0)):
-        groups = ds.get(sequence)
-        if groups and len(groups) > item:
-            transform = groups[item].get("PixelValueTransformationSequence")
-            if transform and (transform[0].get("RescaleSlope") is not None):
-                return float(transform[0].RescaleSlope), float(transform[0].get("RescaleIntercept") or 0.0)
-    if ds.get("RescaleSlope") is not None or ds.get("RescaleIntercept") is not None:
-        slope = ds.get("RescaleSlope")
-        return float(1.0 if slope is None else slope), float(ds.get("RescaleIntercept") or 0.0)
-    return None
-
-
-def _padding_mask(ds: Dataset, stored: np.ndarray) -> np.ndarray | None:
-    """Pixels equal to PixelPaddingValue (or within its range limit), compared on stored values before rescale."""
-    value = ds.get("PixelPaddingValue")
-    if value is None or not np.issubdtype(stored.dtype, np.integer):
-        return None
-    limit = ds.get("PixelPaddingRangeLimit")
-    bits = ds.get("BitsAllocated", 16)
-    ends = [int(v) for v in (value, value if limit is None else limit)]
-    if ds.get("PixelRepresentation", 0) == 1:  # a signed padding value may have been read as unsigned (VR US)
-        ends = [v - 2**bits if v >= 2 ** (bits - 1) else v for v in ends]
-    low, high = min(ends), max(ends)
-    return (stored >= low) & (stored <= high)
-
-
-def _load_dicom(path: Path, frame: int | None) -> np.ndarray:
-    ds = _read_dicom(path)
-    index, n = _dicom_frame(path, ds, frame)
-    try:
-        stored = pixel_array(ds, index=index if n > 1 else None)  # (rows, columns), decodes only that frame
-    except Exception as e:
-        syntax = ds.file_meta.get("TransferSyntaxUID", "unknown syntax") if hasattr(ds, "file_meta") else "?"
-        name = getattr(syntax, "name", syntax)
-        raise UnreadableFileError(path, f"cannot decode pixel data ({name}): {e}") from None
-    if stored.ndim != 2:
-        raise UnreadableFileError(path, f"decoded pixel data has shape {stored.shape}, expected (rows, columns)")
-    rescale = _rescale(ds, index)
-    if rescale is not None:
-        slope, intercept = rescale
-        hu = stored.astype(np.float64) * slope + intercept
-    elif ds.get("ModalityLUTSequence"):
-        hu = pydicom.pixels.apply_modality_lut(stored, ds).astype(np.float64)
-    else:  # no rescale given: stored values are the output values (slope 1, intercept 0)
-        hu = stored.astype(np.float64)
-    pad = _padding_mask(ds, stored)
-    if pad is not None:
-        hu[pad] = AIR_HU
-    return hu.astype(np.float32)
 
 
 # ---------------------------------------------------------------------------------------------------------- NIfTI
@@ -225,9 +53,9 @@ def _nifti_slicer(path: Path, img: nib.Nifti1Image, frame: int | None, *, any_fr
     if len(spatial) not in (2, 3):
         raise UnreadableFileError(path, f"NIfTI has shape {shape}; expected a 2-D slice or a 3-D volume")
     if len(spatial) == 2:
-        _frame_index(path, 1, None if any_frame_if_2d else frame, "this 2-D NIfTI")
+        frame_index(path, 1, None if any_frame_if_2d else frame, "this 2-D NIfTI")
         return (slice(None), slice(None)) + (0,) * extra
-    k = _frame_index(path, spatial[2], frame, "this 3-D NIfTI (last axis)")
+    k = frame_index(path, spatial[2], frame, "this 3-D NIfTI (last axis)")
     return (slice(None), slice(None), k) + (0,) * extra
 
 
@@ -289,10 +117,10 @@ def _npy(path: Path, frame: int | None, kinds: str, *, any_frame_if_2d: bool = F
     if arr.dtype.kind not in kinds:
         raise UnreadableFileError(path, f".npy has dtype {arr.dtype}; expected a real-valued single-channel array")
     if arr.ndim == 2:
-        _frame_index(path, 1, None if any_frame_if_2d else frame, "this 2-D .npy")
+        frame_index(path, 1, None if any_frame_if_2d else frame, "this 2-D .npy")
         return arr
     if arr.ndim == 3:
-        return arr[:, :, _frame_index(path, arr.shape[2], frame, "this 3-D .npy (last axis)")]
+        return arr[:, :, frame_index(path, arr.shape[2], frame, "this 3-D .npy (last axis)")]
     raise UnreadableFileError(path, f".npy has shape {arr.shape}; expected (rows, columns) or (rows, columns, slices)")
 
 
@@ -326,10 +154,10 @@ def load_ct_slice(path: str | os.PathLike, frame: int | None = None) -> np.ndarr
         UnreadableFileError: a `ValueError` naming the path and the reason (missing, empty, truncated, not DICOM,
             no pixel data, colour, NaN/inf pixels, wrong dimensionality, frame out of range, no decoder).
     """
-    p = _check_file(path)
+    p = check_file(path)
     kind = _kind(p)
     if kind == "dicom":
-        hu = _load_dicom(p, frame)
+        hu = load_dicom(p, frame)
     elif kind == "nifti":
         hu = _load_nifti(p, frame)
     elif kind == "npy":
@@ -350,16 +178,10 @@ def probe_ct_slice(path: str | os.PathLike, frame: int | None = None) -> tuple[i
     Raises:
         UnreadableFileError: as `load_ct_slice`.
     """
-    p = _check_file(path)
+    p = check_file(path)
     kind = _kind(p)
     if kind == "dicom":
-        ds = _read_dicom(p)
-        index, n = _dicom_frame(p, ds, frame)
-        _check_dicom_bytes(p, ds, index, n)
-        rescale = _rescale(ds, index)
-        if rescale is not None and not np.isfinite(rescale).all():
-            raise UnreadableFileError(p, f"rescale slope/intercept {rescale} are not finite")
-        return int(ds.Rows), int(ds.Columns)
+        return probe_dicom(p, frame)
     if kind == "nifti":
         return _probe_nifti(p, frame)
     if kind == "npy":
@@ -394,7 +216,7 @@ def load_mask(path: str | os.PathLike, frame: int | None = None) -> np.ndarray:
     Raises:
         UnreadableFileError: a `ValueError` naming the path and the reason.
     """
-    p = _check_file(path)
+    p = check_file(path)
     kind = _kind(p)
     if kind == "png":
         img = _png(p, decode=True)
@@ -418,7 +240,7 @@ def probe_mask(path: str | os.PathLike, frame: int | None = None) -> tuple[int, 
     Raises:
         UnreadableFileError: as `load_mask`.
     """
-    p = _check_file(path)
+    p = check_file(path)
     kind = _kind(p)
     if kind == "png":
         width, height = _png(p, decode=False).size

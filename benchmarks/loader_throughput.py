@@ -1,0 +1,148 @@
+"""Slices per second from a folder of DICOM CT slices: plain pydicom reading against CTSliceDataModule's training
+loader (vit_ct.reader + windows + resize to the model grid), with and without workers, and with the in-memory cache
+(first epoch, which fills it, against a cached epoch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pydicom
+import torch
+from pydicom.dataset import Dataset, FileMetaDataset
+from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian, generate_uid
+
+from vit_ct.datamodule import CTSliceDataModule
+from vit_ct.reader import load_ct_slice
+
+USAGE = """example:
+  .venv/bin/python benchmarks/loader_throughput.py                  # 300 slices of 512 x 512: about a minute
+  .venv/bin/python benchmarks/loader_throughput.py --n 1000 --workers 4 --img-size 224
+
+Each row reads every slice once (the loader rows: one pass over the training split, no augmentation, so the
+numbers measure reading and preprocessing). "cache, first epoch" includes filling the cache; the manifest check
+(every file probed once, before the first epoch) is timed on its own row.
+"""
+
+
+def write_dicoms(folder: Path, n: int, size: int, seed: int = 0) -> list[Path]:
+    """`n` int16 CT slices (stored = HU + 1024): a 'head' of brain and bone in air, with 5 HU noise."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[:size, :size] - (size - 1) / 2
+    r = np.hypot(yy, xx) / (size / 2)
+    base = np.select([r < 0.72, r < 0.8], [35.0, 1000.0], -1000.0)
+    paths = []
+    for i in range(n):
+        meta = FileMetaDataset()
+        meta.MediaStorageSOPClassUID, meta.MediaStorageSOPInstanceUID = CTImageStorage, generate_uid()
+        meta.TransferSyntaxUID = ExplicitVRLittleEndian
+        ds = Dataset()
+        ds.file_meta = meta
+        ds.SOPClassUID, ds.SOPInstanceUID = CTImageStorage, meta.MediaStorageSOPInstanceUID
+        ds.Modality, ds.PatientID = "CT", f"P{i // 10:04d}"
+        ds.Rows = ds.Columns = size
+        ds.SamplesPerPixel, ds.PhotometricInterpretation = 1, "MONOCHROME2"
+        ds.BitsAllocated, ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 16, 16, 15, 1
+        ds.RescaleSlope, ds.RescaleIntercept = 1, -1024
+        hu = base + rng.normal(0, 5, (size, size))
+        ds.PixelData = np.round(hu + 1024).astype("<i2").tobytes()
+        path = folder / f"slice{i:05d}.dcm"
+        ds.save_as(path, enforce_file_format=True)
+        paths.append(path)
+    return paths
+
+
+def rate(n: int, seconds: float) -> float:
+    return n / seconds
+
+
+def time_loader(data: CTSliceDataModule, epochs: int = 1) -> list[float]:
+    """Seconds per pass over the training loader."""
+    loader = data.train_dataloader()
+    times = []
+    for _ in range(epochs):
+        start = time.perf_counter()
+        for _batch in loader:
+            pass
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, epilog=USAGE, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--n", type=int, default=300, help="slices written")
+    parser.add_argument("--size", type=int, default=512, help="rows and columns of each slice")
+    parser.add_argument("--img-size", type=int, default=256, help="model grid side")
+    parser.add_argument("--windows", nargs="+", default=["brain", "subdural", "bone"], help="HU windows (channels)")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--workers", type=int, default=2, help="DataLoader workers of the worker rows")
+    args = parser.parse_args()
+    torch.set_num_threads(1)  # workers are processes; one thread each keeps the comparison fair on few cores
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        paths = write_dicoms(folder, args.n, args.size)
+        lines = ["image,label,split"] + [f"{p.name},{i % 2},{'val' if i < 2 else 'train'}" for i, p in enumerate(paths)]
+        (folder / "manifest.csv").write_text("\n".join(lines) + "\n")
+        n_train = args.n - 2
+
+        start = time.perf_counter()
+        for p in paths[2:]:
+            pydicom.dcmread(p).pixel_array  # noqa: B018 -- decode is the point
+        rows = [("plain `pydicom.dcmread(p).pixel_array`, sequential", rate(n_train, time.perf_counter() - start))]
+
+        start = time.perf_counter()
+        for p in paths[2:]:
+            load_ct_slice(p)
+        rows.append(("`load_ct_slice` (HU, checks), sequential", rate(n_train, time.perf_counter() - start)))
+
+        def datamodule(**kwargs) -> CTSliceDataModule:
+            return CTSliceDataModule(
+                str(folder / "manifest.csv"), windows=args.windows, img_size=args.img_size,
+                batch_size=args.batch_size, augment=False, **kwargs,
+            )  # fmt: skip
+
+        data = datamodule(cache=False, num_workers=0)
+        start = time.perf_counter()
+        data.check("fit")
+        rows.append(("manifest check (probe every file, once per run)", rate(args.n, time.perf_counter() - start)))
+        data.setup("fit")
+        rows.append(("loader, no cache, 0 workers", rate(n_train, time_loader(data)[0])))
+
+        data = datamodule(cache=False, num_workers=args.workers)
+        data.setup("fit")
+        rows.append((f"loader, no cache, {args.workers} workers", rate(n_train, min(time_loader(data, 2)))))
+
+        data = datamodule(cache=True, num_workers=0)
+        data.check("fit")  # not part of the epoch
+        start = time.perf_counter()
+        data.setup("fit")  # fills the cache
+        _first, cached = time_loader(data, 2)
+        rows.append(
+            ("loader, cache, 0 workers: first epoch (fills it)", rate(n_train, time.perf_counter() - start - cached))
+        )
+        rows.append(("loader, cache, 0 workers: cached epoch", rate(n_train, cached)))
+
+        data = datamodule(cache=True, num_workers=args.workers)
+        data.setup("fit")
+        rows.append((f"loader, cache, {args.workers} workers: cached epoch", rate(n_train, min(time_loader(data, 2)))))
+
+    plain = rows[0][1]
+    cpu = os.cpu_count()
+    print(f"\n{args.n} DICOM slices {args.size}x{args.size} int16 -> {len(args.windows)} windows at "
+          f"{args.img_size}x{args.img_size}, batch {args.batch_size}, {cpu} CPU cores, torch threads 1\n")  # fmt: skip
+    print("| reading | slices/s | x plain pydicom |")
+    print("|---|---:|---:|")
+    for name, value in rows:
+        print(f"| {name} | {value:,.0f} | {value / plain:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

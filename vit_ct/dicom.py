@@ -1,0 +1,164 @@
+"""Read one DICOM CT slice as float32 Hounsfield units: any transfer syntax pydicom can decode, classic or enhanced
+(multi-frame) CT, rescale and pixel padding applied; or check it cheaply without decoding the pixels.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pydicom
+from pydicom.dataset import Dataset
+from pydicom.encaps import get_frame
+from pydicom.errors import InvalidDicomError
+from pydicom.pixels import get_decoder, pixel_array
+from pydicom.pixels.utils import get_expected_length, get_nr_frames
+
+from vit_ct.filecheck import UnreadableFileError, frame_index
+
+AIR_HU = -1000.0  # what DICOM pixel padding (outside the scan circle) becomes
+_MONOCHROME = ("MONOCHROME1", "MONOCHROME2")
+
+
+def read_dicom(path: Path) -> Dataset:
+    """Parse the whole file (pixel bytes included, nothing decoded) and check it holds one greyscale image."""
+    try:
+        ds = pydicom.dcmread(path)
+    except InvalidDicomError:
+        # No 'DICM' prefix: old ACR-NEMA-style files still parse with force=True; anything else is not DICOM.
+        try:
+            ds = pydicom.dcmread(path, force=True)
+        except Exception:
+            ds = None
+        if ds is None or "Rows" not in ds or not _has_pixels(ds):
+            raise UnreadableFileError(
+                path, "not a DICOM file (no 'DICM' header) nor a .nii/.nii.gz/.npy file by extension"
+            ) from None
+    except Exception as e:  # pydicom raises many exception types on damaged files
+        raise UnreadableFileError(path, f"damaged or truncated DICOM ({type(e).__name__}: {e})") from None
+    if not _has_pixels(ds):
+        if len(ds) == 0 or ("Rows" in ds and "Columns" in ds):  # a header whose image never came
+            raise UnreadableFileError(path, "DICOM has an image header but no pixel data: file truncated?")
+        raise UnreadableFileError(
+            path, f"DICOM has no pixel data (SOP class: {_sop_name(ds)}): not an image, or the file is truncated"
+        )
+    if "Rows" not in ds or "Columns" not in ds or not ds.Rows or not ds.Columns:
+        raise UnreadableFileError(path, "DICOM header lacks Rows/Columns")
+    photometric = ds.get("PhotometricInterpretation") or "MONOCHROME2"  # absent in some ACR-NEMA files
+    if ds.get("SamplesPerPixel", 1) != 1 or photometric not in _MONOCHROME:
+        raise UnreadableFileError(
+            path,
+            f"colour image (PhotometricInterpretation={photometric}, SamplesPerPixel={ds.get('SamplesPerPixel', 1)});"
+            " expected a single-channel MONOCHROME1/2 CT slice",
+        )
+    syntax = ds.file_meta.get("TransferSyntaxUID") if hasattr(ds, "file_meta") else None
+    if syntax is not None and "PixelData" in ds:
+        try:
+            available = get_decoder(syntax).is_available
+        except NotImplementedError:
+            available = False
+        if not available:
+            raise UnreadableFileError(
+                path, f"no decoder installed for transfer syntax {syntax.name} ({syntax}); try pylibjpeg or GDCM"
+            )
+    return ds
+
+
+def _has_pixels(ds: Dataset) -> bool:
+    return any(k in ds for k in ("PixelData", "FloatPixelData", "DoubleFloatPixelData"))
+
+
+def _sop_name(ds: Dataset) -> str:
+    uid = ds.get("SOPClassUID") or getattr(ds, "file_meta", {}).get("MediaStorageSOPClassUID")
+    return uid.name if uid is not None else "unknown"
+
+
+def _dicom_frame(path: Path, ds: Dataset, frame: int | None) -> tuple[int, int]:
+    """Return (frame index, number of frames)."""
+    n = get_nr_frames(ds, warn=False)
+    return frame_index(path, n, frame, "this multi-frame DICOM"), n
+
+
+def _check_dicom_bytes(path: Path, ds: Dataset, index: int, n: int) -> None:
+    """Cheap integrity check of the pixel bytes, without decoding them."""
+    if "PixelData" not in ds:
+        return
+    syntax = ds.file_meta.get("TransferSyntaxUID") if hasattr(ds, "file_meta") else None
+    if syntax is None or not syntax.is_encapsulated:
+        expected = get_expected_length(ds, "bytes")
+        if len(ds.PixelData) < expected:
+            raise UnreadableFileError(
+                path, f"pixel data is truncated ({len(ds.PixelData)} of {expected} bytes expected)"
+            )
+        return
+    try:
+        get_frame(ds.PixelData, index, number_of_frames=n)
+    except Exception as e:
+        raise UnreadableFileError(path, f"compressed pixel data is damaged ({syntax.name}: {e})") from None
+
+
+def _rescale(ds: Dataset, index: int) -> tuple[float, float] | None:
+    """(slope, intercept): enhanced CT keeps them per frame or shared in functional groups, classic CT at top level."""
+    for sequence, item in (("PerFrameFunctionalGroupsSequence", index), ("SharedFunctionalGroupsSequence", 0)):
+        groups = ds.get(sequence)
+        if groups and len(groups) > item:
+            transform = groups[item].get("PixelValueTransformationSequence")
+            if transform and (transform[0].get("RescaleSlope") is not None):
+                return float(transform[0].RescaleSlope), float(transform[0].get("RescaleIntercept") or 0.0)
+    if ds.get("RescaleSlope") is not None or ds.get("RescaleIntercept") is not None:
+        slope = ds.get("RescaleSlope")
+        return float(1.0 if slope is None else slope), float(ds.get("RescaleIntercept") or 0.0)
+    return None
+
+
+def _padding_mask(ds: Dataset, stored: np.ndarray) -> np.ndarray | None:
+    """Pixels equal to PixelPaddingValue (or within its range limit), compared on stored values before rescale."""
+    value = ds.get("PixelPaddingValue")
+    if value is None or not np.issubdtype(stored.dtype, np.integer):
+        return None
+    limit = ds.get("PixelPaddingRangeLimit")
+    bits = ds.get("BitsAllocated", 16)
+    ends = [int(v) for v in (value, value if limit is None else limit)]
+    if ds.get("PixelRepresentation", 0) == 1:  # a signed padding value may have been read as unsigned (VR US)
+        ends = [v - 2**bits if v >= 2 ** (bits - 1) else v for v in ends]
+    low, high = min(ends), max(ends)
+    return (stored >= low) & (stored <= high)
+
+
+def load_dicom(path: Path, frame: int | None) -> np.ndarray:
+    """(rows, columns) float32 HU of one frame: rescale from the functional groups or the top level (or the modality
+    LUT), pixel padding set to air (-1000 HU)."""
+    ds = read_dicom(path)
+    index, n = _dicom_frame(path, ds, frame)
+    try:
+        stored = pixel_array(ds, index=index if n > 1 else None)  # (rows, columns), decodes only that frame
+    except Exception as e:
+        syntax = ds.file_meta.get("TransferSyntaxUID", "unknown syntax") if hasattr(ds, "file_meta") else "?"
+        name = getattr(syntax, "name", syntax)
+        raise UnreadableFileError(path, f"cannot decode pixel data ({name}): {e}") from None
+    if stored.ndim != 2:
+        raise UnreadableFileError(path, f"decoded pixel data has shape {stored.shape}, expected (rows, columns)")
+    rescale = _rescale(ds, index)
+    if rescale is not None:
+        slope, intercept = rescale
+        hu = stored.astype(np.float64) * slope + intercept
+    elif ds.get("ModalityLUTSequence"):
+        hu = pydicom.pixels.apply_modality_lut(stored, ds).astype(np.float64)
+    else:  # no rescale given: stored values are the output values (slope 1, intercept 0)
+        hu = stored.astype(np.float64)
+    pad = _padding_mask(ds, stored)
+    if pad is not None:
+        hu[pad] = AIR_HU
+    return hu.astype(np.float32)
+
+
+def probe_dicom(path: Path, frame: int | None) -> tuple[int, int]:
+    """(rows, columns) of a DICOM slice, checked without decoding: pixel data present, single-channel, the frame
+    exists, a decoder is installed, uncompressed bytes complete or compressed fragments found, rescale finite."""
+    ds = read_dicom(path)
+    index, n = _dicom_frame(path, ds, frame)
+    _check_dicom_bytes(path, ds, index, n)
+    rescale = _rescale(ds, index)
+    if rescale is not None and not np.isfinite(rescale).all():
+        raise UnreadableFileError(path, f"rescale slope/intercept {rescale} are not finite")
+    return int(ds.Rows), int(ds.Columns)
