@@ -1,0 +1,239 @@
+"""Checkpoints you can trust: atomic writes, no code execution on load, exact resume after a SIGKILL, EMA weights."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch import Callback
+from lightning.pytorch.callbacks import EMAWeightAveraging
+from npy_manifest import manifest_args, write_npy_manifest
+
+from vit_ct import ViTClassifier
+from vit_ct.checkpoint import WANDB_RUN_ID, AtomicCheckpointIO, read_wandb_run_id
+from vit_ct.cli import main
+
+TESTS = Path(__file__).resolve().parent
+TINY = {"embed_dim": 32, "depth": 2, "num_heads": 2, "img_size": 32}
+
+
+class Payload:
+    """Pickled, it makes a folder when unpickled: the stand-in for code hidden in a checkpoint."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.mkdir, (str(self.marker),))
+
+
+class StallAtStep(Callback):
+    """Test probe: stops making progress (without exiting) once ``step`` optimizer steps are done."""
+
+    def __init__(self, step: int, marker: str) -> None:
+        self.step, self.marker = step, Path(marker)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            self.marker.write_text(str(batch_idx))
+            time.sleep(300)  # the test kills it long before
+
+
+def _tiny_checkpoint(path: Path) -> dict:
+    model = ViTClassifier(**TINY)
+    trainer = L.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    trainer.strategy.connect(model)
+    trainer.save_checkpoint(path)
+    return torch.load(path, weights_only=True)
+
+
+def test_atomic_save_keeps_the_old_file_when_writing_fails(tmp_path):
+    io = AtomicCheckpointIO()
+    path = tmp_path / "checkpoints" / "last.ckpt"
+    io.save_checkpoint({"step": torch.tensor(1)}, path)
+    with pytest.raises((pickle.PicklingError, AttributeError, TypeError)):
+        io.save_checkpoint({"step": torch.tensor(2), "bad": lambda: None}, path)  # fails half-way through writing
+    assert int(io.load_checkpoint(path)["step"]) == 1
+    assert [p.name for p in path.parent.iterdir()] == ["last.ckpt"]  # no temporary file left
+
+
+def test_loading_never_executes_code(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    checkpoint = _tiny_checkpoint(tmp_path / "good.ckpt")
+    marker = tmp_path / "pwned"
+    checkpoint["hyper_parameters"]["note"] = Payload(marker)
+    evil = tmp_path / "evil.ckpt"
+    torch.save(checkpoint, evil)
+    torch.load(evil, weights_only=False)  # the payload is live: an unsafe load runs it
+    assert marker.is_dir()
+    marker.rmdir()
+
+    with pytest.raises(pickle.UnpicklingError):
+        ViTClassifier.load_from_checkpoint(evil)
+    with pytest.raises(ValueError, match="weights_only=True"):
+        ViTClassifier.load_from_checkpoint(evil, weights_only=False)
+    with pytest.raises(pickle.UnpicklingError):
+        AtomicCheckpointIO().load_checkpoint(evil)
+    with pytest.raises(ValueError, match="evil.ckpt"):
+        read_wandb_run_id(evil)
+    manifest = write_npy_manifest(tmp_path / "data", train=2, val=2)
+    with pytest.raises(pickle.UnpicklingError):
+        main(["fit", *manifest_args(manifest), "--trainer.logger", "false", "--ckpt_path", str(evil)])
+    assert not marker.exists()
+    assert ViTClassifier.load_from_checkpoint(tmp_path / "good.ckpt").hparams.embed_dim == 32  # own ones load
+
+
+@pytest.mark.parametrize(
+    ("plugins", "expected"),
+    [
+        ([], AtomicCheckpointIO),
+        (["--trainer.plugins", "lightning.pytorch.plugins.environments.LightningEnvironment"], AtomicCheckpointIO),
+        (["--trainer.plugins", "lightning.pytorch.plugins.io.TorchCheckpointIO"], L.pytorch.plugins.TorchCheckpointIO),
+    ],
+)
+def test_atomic_io_is_the_default_and_trainer_plugins_still_work(tmp_path, plugins, expected):
+    manifest = write_npy_manifest(tmp_path / "data", train=2, val=2)
+    cli = main([*manifest_args(manifest), "--trainer.logger", "false", *plugins], run=False)
+    assert type(cli.trainer.strategy.checkpoint_io) is expected
+
+
+def test_timm_state_dict_loads_like_timm_own_pretrained_loader(tmp_path):
+    """``--model.weights FILE`` (vit_ct.weights) adapts channels, position grid and head as timm's loader does."""
+    import timm
+
+    torch.manual_seed(0)
+    source = timm.create_model("vit_tiny_patch16_224", embed_dim=32, depth=2, num_heads=2, img_size=64, num_classes=5)
+    path = tmp_path / "timm.pth"
+    torch.save(source.state_dict(), path)
+    ours = ViTClassifier(**TINY, stem="patch", in_chans=1, num_classes=2, weights=str(path)).vit.state_dict()
+    theirs = timm.create_model(
+        "vit_tiny_patch16_224", pretrained=True, pretrained_cfg_overlay={"file": str(path), "num_classes": 5},
+        embed_dim=32, depth=2, num_heads=2, img_size=32, in_chans=1, num_classes=2,
+    ).state_dict()  # fmt: skip
+    assert ours.keys() == theirs.keys()
+    for key in ours:
+        if not key.startswith("head."):  # both re-initialise the 5-class head
+            torch.testing.assert_close(ours[key], theirs[key], msg=key)
+
+
+def test_ema_callback_saves_the_average_weights(tmp_path):
+    """``--trainer.callbacks+=EMAWeightAveraging --trainer.callbacks.decay 0.5``: the saved weights are the EMA."""
+    from npy_manifest import write_npy_manifest as write
+
+    from vit_ct import CTSliceDataModule
+
+    manifest = write(tmp_path / "data", train=6, val=2)
+    ema = ["--trainer.callbacks+=EMAWeightAveraging", "--trainer.callbacks.decay", "0.5"]
+    cli = main([*manifest_args(manifest), "--trainer.logger", "false", *ema], run=False)
+    assert [c.should_update(step_idx=1) for c in cli.trainer.callbacks if isinstance(c, EMAWeightAveraging)] == [True]
+
+    class RecordWeights(Callback):
+        def __init__(self) -> None:
+            self.after_step: list[dict] = []
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            self.after_step.append({k: v.detach().clone() for k, v in pl_module.state_dict().items()})
+
+    torch.manual_seed(0)
+    data = CTSliceDataModule(str(manifest), img_size=32, batch_size=2, num_workers=0)
+    record, decay = RecordWeights(), 0.5
+    trainer = L.Trainer(
+        max_epochs=1, logger=False, enable_progress_bar=False, limit_val_batches=0, default_root_dir=tmp_path,
+        callbacks=[EMAWeightAveraging(decay=decay), record],
+    )  # fmt: skip
+    trainer.fit(ViTClassifier(**TINY), datamodule=data)
+    trainer.save_checkpoint(tmp_path / "ema.ckpt")
+    expected = record.after_step[0]  # the first update copies the weights, later ones blend them in
+    for weights in record.after_step[1:]:
+        expected = {
+            k: decay * expected[k] + (1 - decay) * v if v.is_floating_point() else v for k, v in weights.items()
+        }
+    saved = ViTClassifier.load_from_checkpoint(tmp_path / "ema.ckpt").state_dict()
+    assert len(record.after_step) == 3
+    assert not torch.allclose(saved["vit.pos_embed"], record.after_step[-1]["vit.pos_embed"])
+    for key, value in expected.items():
+        if value.is_floating_point():  # (integer buffers such as BatchNorm's step count are not averaged)
+            torch.testing.assert_close(saved[key], value, msg=key)
+
+
+_started: list[subprocess.Popen] = []
+
+
+def _start(*args: str, cwd: Path) -> subprocess.Popen:
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1"}
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")])  # the probe callback
+    cwd.mkdir(parents=True, exist_ok=True)
+    log = open(cwd / "log.txt", "w")  # noqa: SIM115 (closed with the process)
+    command = [str(Path(sys.executable).with_name("vit-ct")), *args]
+    process = subprocess.Popen(command, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    _started.append(process)
+    return process
+
+
+def _finish(process: subprocess.Popen, cwd: Path) -> None:
+    assert process.wait(timeout=600) == 0, (cwd / "log.txt").read_text()[-5000:]
+
+
+def _last(cwd: Path) -> Path:
+    (last,) = (cwd / "runs" / "vit-ct").glob("*/checkpoints/last.ckpt")
+    return last
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
+    manifest = write_npy_manifest(tmp_path / "data", train=16, val=4)  # 8 steps per epoch at batch size 2
+    common = [
+        *manifest_args(manifest), "--data.init_args.augment", "false", "--trainer.max_epochs", "2",
+        "--checkpoint.every_n_train_steps", "2",
+    ]  # fmt: skip
+    whole = _start("fit", *common, cwd=tmp_path / "whole")
+    try:
+        _kill_and_resume(tmp_path, common, whole)
+    finally:
+        for process in _started:  # never leave a stalled job behind, whatever failed
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+
+
+def _kill_and_resume(tmp_path: Path, common: list[str], whole: subprocess.Popen) -> None:
+    stalled = tmp_path / "stalled.txt"
+    # Lightning defers step checkpoints until the monitored val/auroc exists, i.e. until the first validation.
+    probe = ["--trainer.callbacks+=test_checkpoint.StallAtStep", "--trainer.callbacks.step", "13"]
+    killed = _start("fit", *common, *probe, "--trainer.callbacks.marker", str(stalled), cwd=tmp_path / "resumed")
+    deadline = time.monotonic() + 300
+    while not stalled.exists() and killed.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert stalled.exists(), (tmp_path / "resumed" / "log.txt").read_text()[-5000:]
+    last = _last(tmp_path / "resumed")
+    os.killpg(killed.pid, signal.SIGKILL)  # the whole job, as a scheduler's kill would
+    killed.wait(timeout=60)
+    before = torch.load(last, weights_only=True)
+    assert before["global_step"] == 12 and before["epoch"] == 1  # mid-epoch: 4 of the second epoch's 8 steps
+    run_id = read_wandb_run_id(last)
+    assert run_id and run_id == last.parent.parent.name
+
+    resumed = _start("fit", *common, "--ckpt_path", str(last), cwd=tmp_path / "resumed")
+    _finish(whole, tmp_path / "whole")
+    _finish(resumed, tmp_path / "resumed")
+
+    reference = torch.load(_last(tmp_path / "whole"), weights_only=True)
+    after = torch.load(_last(tmp_path / "resumed"), weights_only=True)
+    # (`epoch` may differ: Lightning writes the final last.ckpt at a different hook in a resumed session.)
+    assert after["global_step"] == reference["global_step"] == 16
+    assert after[WANDB_RUN_ID] == run_id  # the same W&B run continued ...
+    wandb_runs = sorted((tmp_path / "resumed" / "runs" / "wandb").glob("offline-run-*"))
+    assert len(wandb_runs) == 2 and all(p.name.endswith(f"-{run_id}") for p in wandb_runs)  # ... in both sessions
+    for key, value in reference["state_dict"].items():  # data order, optimizer, schedule and RNG all resumed
+        torch.testing.assert_close(after["state_dict"][key], value, msg=key)
+    files = sorted((tmp_path / "resumed").rglob("*.ckpt"))
+    assert len(files) >= 2 and not list((tmp_path / "resumed").rglob("*.tmp"))
+    for path in files:
+        assert ViTClassifier.load_from_checkpoint(path).hparams.embed_dim == 32
