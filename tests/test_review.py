@@ -1,0 +1,308 @@
+"""``vit_ct.review`` and ``vit_ct.review_figures``: the review table against ``vit-ct predict`` and the model's own
+test metrics, the summary metrics against sklearn, calibration and gallery order against hand-computed tables, and the
+figures, browser and export."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from lightning import Trainer
+from matplotlib.figure import Figure
+from PIL import Image
+
+from vit_ct import ViTClassifier, review, review_figures
+from vit_ct.localisation import LocalisationMetrics
+from vit_ct.prediction import PredictionWriter
+
+WINDOWS = {"data": {"init_args": {"windows": ["brain", "subdural"]}}}
+
+
+def hand_table(prob, label, images=None) -> pd.DataFrame:
+    images = images or [f"s{i}.dcm" for i in range(len(prob))]
+    return pd.DataFrame({"image": images, "prob": prob, "label": pd.array(label, dtype="Int64")})
+
+
+@pytest.fixture(scope="module")
+def sklearn_metrics():
+    """The reference implementation (scikit-learn, a dev dependency)."""
+    return pytest.importorskip("sklearn.metrics")
+
+
+@pytest.fixture(scope="module")
+def scored():
+    rng = np.random.default_rng(0)
+    prob = rng.uniform(size=60)
+    label = (rng.uniform(size=60) < prob).astype(int)  # informative but imperfect
+    return hand_table(prob, label)
+
+
+# --- metrics against references --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("threshold", [0.5, 0.3])
+def test_confusion_and_summary_match_sklearn(scored, threshold, sklearn_metrics):
+    y, p = scored["label"].to_numpy(int), scored["prob"].to_numpy()
+    predicted = (p > threshold).astype(int)
+    expected = sklearn_metrics.confusion_matrix(y, predicted, labels=[0, 1])
+    np.testing.assert_array_equal(review.confusion(scored, threshold).to_numpy(), expected)
+    metrics = review.summary_metrics(scored, threshold)
+    assert metrics["slices"] == 60 and metrics["positives"] == y.sum()
+    assert metrics["auroc"] == pytest.approx(sklearn_metrics.roc_auc_score(y, p), abs=1e-6)
+    assert metrics["accuracy"] == pytest.approx(sklearn_metrics.accuracy_score(y, predicted))
+    assert metrics["sensitivity"] == pytest.approx(sklearn_metrics.recall_score(y, predicted))
+    assert metrics["specificity"] == pytest.approx(sklearn_metrics.recall_score(y, predicted, pos_label=0))
+
+
+def test_threshold_is_strict_and_unlabelled_rows_are_left_out():
+    table = hand_table([0.5, 0.9, 0.2, 0.7], [1, 0, 0, None])
+    assert list(review.outcome(table, 0.5)) == ["FN", "FP", "TN", "unlabelled"]  # 0.5 > 0.5 is False
+    metrics = review.summary_metrics(table, 0.5)
+    assert metrics["slices"] == 3 and metrics["positives"] == 1
+    assert metrics["sensitivity"] == 0 and metrics["specificity"] == 0.5 and metrics["accuracy"] == pytest.approx(1 / 3)
+    assert np.isnan(review.summary_metrics(hand_table([0.1, 0.8], [0, 0]))["auroc"])  # one class: no AUROC
+
+
+def test_roc_points_match_sklearn(scored, sklearn_metrics):
+    fpr, tpr, _ = sklearn_metrics.roc_curve(scored["label"].to_numpy(int), scored["prob"], drop_intermediate=False)
+    points = review.roc_points(scored)
+    np.testing.assert_allclose(points["fpr"], fpr, atol=1e-6)
+    np.testing.assert_allclose(points["tpr"], tpr, atol=1e-6)
+    assert points["threshold"].is_monotonic_decreasing
+
+
+def test_calibration_bins_hand_computed():
+    # 4 bins of 0.25: (0, .25] holds .1, .2 (one lesion); (.25, .5] holds .5 (edge: right-inclusive); (.75, 1] .8, .9
+    table = hand_table([0.1, 0.2, 0.5, 0.8, 0.9], [0, 1, 1, 1, 1])
+    bins = review.calibration_bins(table, n_bins=4)
+    assert list(bins["count"]) == [2, 1, 0, 2]
+    np.testing.assert_allclose(bins["mean_prob"], [0.15, 0.5, np.nan, 0.85])
+    np.testing.assert_allclose(bins["fraction_positive"], [0.5, 1.0, np.nan, 1.0])
+    # ECE: (2 |0.5 - 0.15| + 1 |1 - 0.5| + 2 |1 - 0.85|) / 5
+    assert review.expected_calibration_error(bins) == pytest.approx((0.7 + 0.5 + 0.3) / 5)
+
+
+def test_calibration_bins_match_sklearn(scored):
+    calibration_curve = pytest.importorskip("sklearn.calibration").calibration_curve
+
+    prob_true, prob_pred = calibration_curve(scored["label"].to_numpy(int), scored["prob"], n_bins=5)
+    bins = review.calibration_bins(scored, n_bins=5)
+    full = bins[bins["count"] > 0]
+    np.testing.assert_allclose(full["fraction_positive"], prob_true)
+    np.testing.assert_allclose(full["mean_prob"], prob_pred)
+
+
+def test_gallery_groups_most_confident_first():
+    table = hand_table(
+        [0.6, 0.9, 0.1, 0.4, 0.7, 0.05, 0.8, 0.9, 0.3, 0.5],
+        [1, 1, 1, 1, 1, 0, 0, 1, 0, None],
+        images=list("abcdefghij"),
+    )
+    assert list(review.gallery(table, "TP", None)["image"]) == ["b", "h", "e", "a"]  # highest first, ties in order
+    assert list(review.gallery(table, "TP", 2)["image"]) == ["b", "h"]
+    assert list(review.gallery(table, "FN")["image"]) == ["c", "d"]  # the surest misses first
+    assert list(review.gallery(table, "FP")["image"]) == ["g"]
+    assert list(review.gallery(table, "TN")["image"]) == ["f", "i"]
+    assert list(review.gallery(table, "unlabelled")["image"]) == ["j"]
+    assert list(review.review_order(table)["image"]) == list("bheagcdfij")
+    assert review.pick_case(table)["image"] == "b"
+    assert review.pick_case(table, "d")["image"] == "d"
+    with pytest.raises(ValueError, match="zz"):
+        review.pick_case(table, "zz")
+    with pytest.raises(ValueError, match="group"):
+        review.gallery(table, "positives")
+
+
+def test_localisation_scores_are_the_metric_per_slice():
+    gen = torch.Generator().manual_seed(0)
+    B, S = 6, 24
+    maps = torch.rand(B, S, S, generator=gen)
+    head = torch.zeros(B, S, S)
+    head[:, 3:21, 4:20] = 1
+    masks = torch.zeros(B, S, S)
+    masks[0, 5:9, 6:10] = 1
+    masks[1, 10:12, 10:16] = 1
+    masks[2, 15:20, 5:8] = 1
+    masks[4, 4:6, 4:6] = 1  # lesion, but its mask is not known: skipped
+    known = torch.tensor([True, True, True, True, False, True])  # 3 and 5: no lesion, skipped
+    scores = review.localisation_scores(maps, masks, head, known=known, tolerance_mm=2.0, pixel_spacing_mm=0.9)
+    assert np.isnan(scores["pointing"][3:]).all() and not np.isnan(scores["pointing"][:3]).any()
+
+    metric = LocalisationMetrics(tolerance_mm=2.0, pixel_spacing_mm=0.9)
+    metric.update(maps, masks, head, known=known)
+    expected = {name: float(value) for name, value in metric.compute().items()}
+    sources = ("rollout", "floor_image", "floor_head")
+    table = pd.DataFrame({f"{source}_{name}": values for source in sources for name, values in scores.items()})
+    summary = review.localisation_summary(table)
+    for name in ("pointing", "energy", "mask_fraction", "pixel_auroc", "energy_ratio", "slices"):
+        assert summary.loc["rollout", name] == pytest.approx(expected[name], rel=1e-9), name
+    assert review.localisation_summary(table.iloc[3:]) is None  # no scored slice: nothing to summarise
+
+
+# --- the model under review -----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny(synthetic_set):
+    torch.manual_seed(0)
+    model = ViTClassifier(img_size=32, in_chans=2, embed_dim=32, depth=2, num_heads=2).eval()
+    data = review.review_datamodule(model, synthetic_set, split="test", batch_size=3, config=WINDOWS)
+    table = review.run_review(model, data, progress=False)
+    return model, data, table
+
+
+def test_run_review_matches_vit_ct_predict(tiny, synthetic_set, tmp_path):
+    model, _, table = tiny
+    data = review.review_datamodule(model, synthetic_set, split="test", batch_size=2, config=WINDOWS)
+    trainer = Trainer(
+        accelerator="cpu",
+        logger=False,
+        callbacks=[PredictionWriter(tmp_path)],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.predict(model, datamodule=data, return_predictions=False)
+    written = pd.read_csv(tmp_path / "predictions.csv")
+    assert list(table["image"]) == list(written["image"]) and list(table["label"]) == list(written["label"])
+    np.testing.assert_allclose(table["prob"], written["prob"], atol=1e-6)
+    for (_, row), rollout in zip(table.iterrows(), written["rollout"], strict=True):
+        heat = review.source_map(row)
+        np.testing.assert_allclose(heat, np.load(tmp_path / rollout), atol=1e-6)
+        hu, mask = review.case_images(row)
+        assert heat.shape == hu.shape == (row["rows"], row["cols"]) and (mask is None or mask.shape == hu.shape)
+    assert list(table["group"]) == list(review.outcome(table))
+
+
+def test_localisation_matches_the_models_test_metrics(tiny, synthetic_set):
+    model, _, table = tiny
+    data = review.review_datamodule(model, synthetic_set, split="test", batch_size=2, config=WINDOWS)
+    trainer = Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
+    (logged,) = trainer.test(model, datamodule=data, verbose=False)
+    summary = review.localisation_summary(table)
+    assert summary is not None and summary.loc["rollout", "slices"] == logged["test/rollout_slices"] > 0
+    for source in ("rollout", "floor_image", "floor_head"):
+        for name in ("pointing", "energy", "mask_fraction", "pixel_auroc", "energy_ratio"):
+            assert summary.loc[source, name] == pytest.approx(logged[f"test/{source}_{name}"], abs=1e-5), (source, name)
+    metrics = review.summary_metrics(table)
+    assert metrics["accuracy"] == pytest.approx(logged["test/accuracy"], abs=1e-6)
+
+
+def test_case_maps_agree_with_each_other(tiny):
+    model, data, table = tiny
+    row = table.iloc[0]
+    case = review.case_maps(model, data, row)
+    shape = (row["rows"], row["cols"])
+    assert set(case.maps) == set(review.METHODS) and case.hu.shape == shape
+    for heat in [*case.maps.values(), *case.heads, *case.blocks]:
+        assert heat.shape == shape and (heat >= 0).all()
+    np.testing.assert_allclose(case.maps["rollout"], review.source_map(row), atol=1e-6)  # the table's map
+    assert case.heads.shape[0] == 2 and case.blocks.shape[0] == 2
+    # mean head fusion: the heads average to the last block's map, which is the last of the per-block maps
+    np.testing.assert_allclose(case.heads.mean(0), case.maps["last-block attention"], atol=1e-6)
+    np.testing.assert_allclose(case.blocks[-1], case.maps["last-block attention"], atol=1e-6)
+    assert case.maps["gradient rollout"].max() > 0
+
+
+def test_figures_render_and_save(tiny, tmp_path):
+    model, data, table = tiny
+    case = review.case_maps(model, data, table.iloc[0])
+    figures = {
+        "summary": review_figures.plot_summary(table),
+        "gallery": review_figures.plot_gallery(table, n=2),
+        "case": review_figures.plot_case(case, window="subdural"),
+        "heads": review_figures.plot_heads(case),
+        "blocks": review_figures.plot_blocks(case),
+        "windows": review_figures.plot_windows(case),
+    }
+    images = [ax for ax in figures["gallery"].axes if ax.images]  # two per case: slice, overlay
+    assert len(images) == 2 * sum(len(review.gallery(table, g, 2)) for g in review.GROUPS) > 0
+    assert len([ax for ax in figures["case"].axes if ax.images]) == 1 + len(review.METHODS)
+    for name, fig in figures.items():
+        assert isinstance(fig, Figure)
+        path = review_figures.save_figure(fig, tmp_path / "figs" / f"{name}.png")
+        with Image.open(path) as png:
+            assert png.format == "PNG" and min(png.size) > 100
+    assert not list((tmp_path / "figs").glob(".*"))  # no temporary files left
+
+
+def test_figures_without_labels(tiny):
+    _, _, table = tiny
+    unlabelled = table.assign(label=pd.array([pd.NA] * len(table), dtype="Int64"))
+    assert set(review.outcome(unlabelled)) == {"unlabelled"}
+    fig = review_figures.plot_gallery(unlabelled, n=2)
+    assert len([ax for ax in fig.axes if ax.images]) == 2 * min(2, len(table))
+    assert isinstance(review_figures.plot_summary(unlabelled), Figure)
+
+
+def test_browse_is_static_when_headless_and_widgets_otherwise(tiny, monkeypatch):
+    model, data, table = tiny
+    monkeypatch.delenv(review_figures.HEADLESS_ENV, raising=False)
+    assert review_figures.is_headless()  # pytest runs no Jupyter kernel
+    monkeypatch.setenv(review_figures.HEADLESS_ENV, "0")
+    assert not review_figures.is_headless()
+    monkeypatch.setenv(review_figures.HEADLESS_ENV, "1")
+    assert review_figures.is_headless()
+    assert isinstance(review_figures.browse(model, data, table), Figure)
+
+    widgets = pytest.importorskip("ipywidgets")
+    browser = review_figures.browse(model, data, table, interactive=True)
+    assert isinstance(browser, widgets.interactive)
+    controls = {child.description: child for child in browser.children if hasattr(child, "value")}
+    assert {"case", "window", "map", "opacity"} <= set(controls)
+    assert controls["case"].max == len(table) - 1
+    controls["case"].value = 1
+    controls["map"].value = "gradient rollout"
+    second = review.review_order(table).iloc[1]["image"]
+    assert isinstance(browser.result, Figure) and second in browser.result.get_suptitle()
+    assert browser.result.axes[1].get_title() == "gradient rollout"
+
+
+# --- paths, inputs, export ------------------------------------------------------------------------------------------
+
+
+def test_checkpoint_defaults_to_the_latest_runs_best(tmp_path, monkeypatch):
+    run = tmp_path / "runs" / "vit-ct" / "abc"
+    (run / "checkpoints").mkdir(parents=True)
+    best = run / "checkpoints" / "best.ckpt"
+    best.write_bytes(b"x")
+    (tmp_path / "runs" / "latest").symlink_to(run, target_is_directory=True)
+    (run / "summary.json").write_text(json.dumps({"best_checkpoint": str(best), "last_checkpoint": None}))
+    (run / "config.yaml").write_text("data:\n  init_args:\n    windows: [brain, bone]\n")
+    (tmp_path / "notebooks").mkdir()
+    monkeypatch.chdir(tmp_path / "notebooks")  # where Jupyter starts the notebook's kernel
+    assert review.project_root() == tmp_path
+    assert review.resolve_checkpoint(None) == best.resolve()
+    assert review.run_config(best)["data"]["init_args"]["windows"] == ["brain", "bone"]
+    assert review.project_path("outputs/review") == tmp_path / "outputs" / "review"
+    with pytest.raises(ValueError, match="nope.ckpt"):
+        review.resolve_checkpoint("nope.ckpt")
+    monkeypatch.chdir(tmp_path.parent)
+    with pytest.raises(ValueError, match="make demo"):
+        review.resolve_checkpoint(None)
+
+
+def test_input_windows_follow_the_run_and_are_checked(tiny, synthetic_set):
+    model = tiny[0]
+    data = review.review_datamodule(model, synthetic_set, config=WINDOWS)
+    assert data.windows == [(40.0, 80.0), (80.0, 200.0)] and not data.augment and data.predict_split == "test"
+    with pytest.raises(ValueError, match="2 input windows"):
+        review.review_datamodule(model, synthetic_set, config={})
+    with pytest.raises(ValueError, match="2 input windows"):
+        review.review_datamodule(model, synthetic_set, input_windows="brain")
+
+
+def test_export_flagged(tiny, tmp_path):
+    _, _, table = tiny
+    table = table.assign(prob=np.linspace(0.1, 0.2, len(table)))  # everything negative
+    written = review.export_flagged(table, tmp_path / "out" / "flagged.csv")
+    expected = review.gallery(table, "FN", None)
+    assert list(written["image"]) == list(expected["image"]) and set(written["group"]) <= {"FN"}
+    on_disk = pd.read_csv(tmp_path / "out" / "flagged.csv")
+    assert list(on_disk["image"]) == list(expected["image"]) and "rollout" not in on_disk
+    chosen = list(table["image"][:2])
+    assert list(review.export_flagged(table, tmp_path / "f.csv", chosen)["image"]) == chosen
+    with pytest.raises(ValueError, match="nope.dcm"):
+        review.export_flagged(table, tmp_path / "f.csv", ["nope.dcm"])
