@@ -1,0 +1,75 @@
+"""benchmarks/faithfulness.py: deletion/insertion inputs and areas against hand-built cases; a tiny end-to-end run."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+
+from vit_ct.model import ViTClassifier
+
+
+@pytest.fixture(scope="module")
+def fb():
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "faithfulness.py"
+    spec = importlib.util.spec_from_file_location("faithfulness", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_baseline_is_normal_brain_in_the_head_and_air_outside(fb):
+    image = torch.rand(1, 2, 4, 4)
+    head = torch.zeros(1, 1, 4, 4)
+    head[..., 1:3, 1:3] = 1
+    baseline = fb.ct_baseline(image, head, [(40.0, 80.0), (80.0, 200.0)])
+    assert torch.allclose(baseline[0, :, 1, 1], torch.tensor([30 / 80, 50 / 200]))  # (30 - 0) / 80, (30 + 20) / 200
+    assert torch.equal(baseline[..., 0, :], image[..., 0, :])
+
+
+def test_patch_order_is_descending_with_seeded_random_ties(fb):
+    maps = torch.tensor([[[0.1, 0.9], [0.5, 0.5]]])
+    orders = {tuple(fb.patch_order(maps, torch.Generator().manual_seed(s))[0].tolist()) for s in range(20)}
+    assert orders == {(1, 2, 3, 0), (1, 3, 2, 0)}  # the tie of patches 2 and 3 goes both ways
+    again = fb.patch_order(maps, torch.Generator().manual_seed(3))
+    assert torch.equal(again, fb.patch_order(maps, torch.Generator().manual_seed(3)))
+
+
+def test_perturbed_replaces_the_first_patches_of_the_order(fb):
+    image, baseline = torch.ones(1, 1, 4, 4), torch.zeros(1, 1, 4, 4)  # a 2 x 2 grid of 2 x 2 patches
+    order = torch.tensor([[3, 0, 2, 1]])
+    counts = fb.patch_counts(4, 4)
+    deletion, insertion = fb.perturbed(image, baseline, order, counts, (2, 2))
+    assert counts.tolist() == [0, 1, 2, 3, 4]
+    expected = torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 0.0], [0.0, 1.0, 1.0, 0.0]])  # patches 1..4
+    for k in range(3):
+        per_patch = deletion[0, k, 0, ::2, ::2].flatten()
+        assert torch.equal(per_patch, expected[k]), k
+    assert torch.equal(deletion[:, -1], baseline) and torch.equal(insertion[:, 0], baseline)
+    assert torch.equal(insertion, 1 - deletion)
+
+
+def test_curve_area_over_the_fraction_of_patches(fb):
+    counts = fb.patch_counts(64, 16)
+    line = 1 - counts.double() / 64  # falls linearly from 1 to 0: area 1/2
+    assert torch.allclose(fb.curve_area(line[None], counts), torch.tensor([0.5], dtype=torch.float64))
+    flat = torch.full((1, 17), 0.3, dtype=torch.float64)
+    assert torch.allclose(fb.curve_area(flat, counts), torch.tensor([0.3], dtype=torch.float64))
+
+
+def test_benchmark_runs_end_to_end(fb, synthetic_set, tmp_path):
+    torch.manual_seed(0)
+    model = ViTClassifier(img_size=32, in_chans=2, embed_dim=32, depth=2, num_heads=2)
+    ckpt = tmp_path / "tiny.ckpt"
+    checkpoint = {"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams)}
+    torch.save({**checkpoint, "pytorch-lightning_version": L.__version__}, ckpt)
+    out = tmp_path / "table.md"
+    args = ["--ckpt", str(ckpt), "--manifest", str(synthetic_set), "--split", "train", "--steps", "2"]
+    report = fb.main([*args, "--n-slices", "3", "--windows", "brain", "subdural", "--out", str(out)])
+    assert out.read_text() == report + "\n"
+    rows = [line for line in report.splitlines() if line.startswith("| ") and "method" not in line]
+    assert [r.split(" | ")[0][2:] for r in rows] == list(fb.METHODS)
+    assert all(r.rstrip(" |").endswith("| 3") for r in rows)  # every method scored on the same 3 slices
