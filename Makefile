@@ -4,7 +4,7 @@ PYTHON ?= python3
 BIN := $(VENV)/bin
 OUT ?= outputs/demo
 
-.PHONY: demo test lint format clean
+.PHONY: demo review test lint format clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,9 @@ demo: $(VENV)/.installed
 	$(BIN)/vit-ct predict --config configs/demo.yaml --ckpt_path "$$($(BIN)/python -m vit_ct.summary best_checkpoint)" \
 		--data.init_args.predict_split test --output_dir $(OUT)
 	@$(BIN)/python -m vit_ct.summary report $(OUT)
+
+review: $(VENV)/.installed
+	$(BIN)/python -m vit_ct.review --output_dir outputs/review
 
 test: $(VENV)/.installed
 	$(BIN)/python -m pytest

@@ -133,6 +133,8 @@ def test_fit_then_predict_through_the_real_command(synthetic_set, tmp_path):
     summary = json.loads((tmp_path / "runs" / "latest" / "summary.json").read_text())
     best, last = Path(summary["best_checkpoint"]), Path(summary["last_checkpoint"])
     assert best.is_file() and last.name == "last.ckpt" and last.is_file()
+    # last.ckpt is the final epoch's state, whether or not that epoch was the best
+    assert torch.load(last, map_location="cpu", weights_only=True)["epoch"] == 1
     assert "test/auroc" in summary["metrics"]  # demo.yaml tests the best checkpoint after fitting
     assert str(best) in fit.stdout.replace("\n", "")
     run_dir = Path(summary["run_dir"])

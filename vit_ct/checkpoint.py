@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import WandbLogger
 
 WANDB_RUN_ID = "wandb_run_id"  # top-level checkpoint key
@@ -132,3 +133,21 @@ class ResumeState(Callback):
             # On rank 0 `version` is the live run's id; other ranks write no checkpoint file.
             if isinstance(logger, WandbLogger) and trainer.is_global_zero and logger.version:
                 checkpoint[WANDB_RUN_ID] = str(logger.version)
+
+
+class BestAndLastCheckpoint(ModelCheckpoint):
+    """``ModelCheckpoint`` whose ``last.ckpt`` is always the latest validated state.
+
+    Lightning 2.6 refreshes ``last.ckpt`` only on validations that also wrote a top-k checkpoint, so with
+    ``save_top_k=1`` it froze at the best epoch; resuming from it would silently repeat epochs.
+    """
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        super().on_validation_end(trainer, pl_module)
+        if (
+            self.save_last
+            and not self._should_skip_saving_checkpoint(trainer)
+            and not self._should_save_on_train_epoch_end(trainer)
+            and self._last_global_step_saved != trainer.global_step
+        ):
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))

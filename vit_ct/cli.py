@@ -15,14 +15,14 @@ import yaml
 from jsonargparse import Namespace, lazy_instance
 from lightning.fabric.plugins.io import CheckpointIO, TorchCheckpointIO
 from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, RichProgressBar
+from lightning.pytorch.callbacks import LearningRateMonitor, RichProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 from rich.console import Console
 
 from vit_ct.callbacks import RolloutOverlayCallback
-from vit_ct.checkpoint import AtomicCheckpointIO, ResumeState, read_wandb_run_id
+from vit_ct.checkpoint import AtomicCheckpointIO, BestAndLastCheckpoint, ResumeState, read_wandb_run_id
 from vit_ct.datamodule import CTSliceDataModule
 from vit_ct.model import ViTClassifier
 
@@ -64,7 +64,7 @@ class VitCTCLI(LightningCLI):
     """LightningCLI with the data-to-model links, checkpointing on ``val/auroc`` and a run summary."""
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.add_lightning_class_args(BestAndLastCheckpoint, "checkpoint")
         parser.set_defaults(
             {
                 "checkpoint.monitor": "val/auroc",

@@ -51,6 +51,46 @@ def _frame(row: pd.Series) -> int | None:
     return None if value is None or pd.isna(value) else int(value)
 
 
+def slice_item(
+    hu: np.ndarray,
+    mask: np.ndarray | None,
+    *,
+    label: torch.Tensor,
+    index: int,
+    windows: Sequence[tuple[float, float]],
+    img_size: int,
+) -> dict:
+    """One slice as a :class:`CTBatch` item (all keys but ``valid``) on the model grid.
+
+    Args:
+        hu: Slice ``(rows, cols)`` in HU.
+        mask: Lesion mask ``(rows, cols)``, 0/1; None when unknown (an empty mask, ``has_mask`` False).
+        label: Class, or 0/1 per label for multi-label data.
+        index: Row of the split's table.
+        windows: HU windows, one channel each.
+        img_size: Side of the model input.
+    """
+    rows, cols = hu.shape
+    has_mask = mask is not None
+    # Pad in HU with air before windowing, so the padding is air in every window.
+    hu = to_model_grid(torch.from_numpy(hu)[None], img_size, fill=AIR_HU)
+    image = torch.from_numpy(stack_windows(hu[0].numpy(), windows))
+    if has_mask:
+        mask = torch.from_numpy(mask.astype(np.float32))[None]
+        mask = (to_model_grid(mask, img_size, mode="area") >= 0.5).float()
+    else:
+        mask = torch.zeros(1, img_size, img_size)
+    return {
+        "image": image,
+        "mask": mask,
+        "head": (hu > HEAD_HU).float(),  # padding is air, so it is outside the head too
+        "has_mask": torch.tensor(has_mask),
+        "label": label,
+        "index": torch.tensor(index),
+        "source_shape": torch.tensor([rows, cols]),
+    }
+
+
 class CTSliceDataset(Dataset):
     """Rows of a manifest table as :class:`CTBatch` items.
 
@@ -89,32 +129,15 @@ class CTSliceDataset(Dataset):
             return self._cache[index]
         row = self.table.iloc[index]
         hu = load_ct_slice(row["image"], frame=_frame(row))
-        rows, cols = hu.shape
-        # Pad in HU with air before windowing, so the padding is air in every window.
-        hu = to_model_grid(torch.from_numpy(hu)[None], self.img_size, fill=AIR_HU)
-        image = torch.from_numpy(stack_windows(hu[0].numpy(), self.windows))
         mask_path = row.get("mask")
         has_mask = isinstance(mask_path, str) and bool(mask_path)
-        if has_mask:
-            mask = torch.from_numpy(load_mask(mask_path, frame=_frame(row)).astype(np.float32))[None]
-            mask = (to_model_grid(mask, self.img_size, mode="area") >= 0.5).float()
-        else:
-            mask = torch.zeros(1, self.img_size, self.img_size)
+        mask = load_mask(mask_path, frame=_frame(row)) if has_mask else None
         if self.label_columns:
             # int64, as torchmetrics wants its targets; the loss takes them as float
             label = torch.tensor(row[self.label_columns].astype("Int64").fillna(-1).to_numpy(dtype=np.int64))
         else:
             label = torch.tensor(-1 if pd.isna(row["label"]) else int(row["label"]))
-        head = (hu > HEAD_HU).float()  # padding is air, so it is outside the head too
-        item = {
-            "image": image,
-            "mask": mask,
-            "head": head,
-            "has_mask": torch.tensor(has_mask),
-            "label": label,
-            "index": torch.tensor(index),
-            "source_shape": torch.tensor([rows, cols]),
-        }
+        item = slice_item(hu, mask, label=label, index=index, windows=self.windows, img_size=self.img_size)
         if self._cache is not None:
             self._cache[index] = item
         return item
@@ -398,6 +421,8 @@ class SyntheticCTDataModule(CTSliceDataModule):
         field_of_view_mm: Side of the reconstructed field of view (230 mm: 0.9 mm pixels at 256).
         seed: Seed of the generator; the same seed gives byte-identical files.
         bleed_fraction: Share of slices with an acute bleed.
+        small_fraction: Share of bleeds only a few mm across or thick (the hardest cases).
+        low_contrast_fraction: Share of bleeds in the lowest 10 HU of the acute-blood range (50-60 HU).
         **kwargs: The arguments of :class:`CTSliceDataModule` (except ``manifest``).
     """
 
@@ -411,6 +436,8 @@ class SyntheticCTDataModule(CTSliceDataModule):
         field_of_view_mm: float = 230.0,
         seed: int = 0,
         bleed_fraction: float = 0.5,
+        small_fraction: float = 0.25,
+        low_contrast_fraction: float = 0.25,
         **kwargs,
     ) -> None:
         super().__init__(manifest=str(Path(root) / "manifest.csv"), **kwargs)
@@ -421,6 +448,8 @@ class SyntheticCTDataModule(CTSliceDataModule):
         self.field_of_view_mm = field_of_view_mm
         self.seed = seed
         self.bleed_fraction = bleed_fraction
+        self.small_fraction = small_fraction
+        self.low_contrast_fraction = low_contrast_fraction
 
     def check(self, stage: str, *, num_classes: int | None = None) -> None:
         # The CLI checks the data before the trainer starts (and before DDP starts other ranks): build the set first.
@@ -440,6 +469,8 @@ class SyntheticCTDataModule(CTSliceDataModule):
                 size=self.slice_size,
                 pixel_spacing_mm=self.field_of_view_mm / self.slice_size,
                 bleed_fraction=self.bleed_fraction,
+                small_fraction=self.small_fraction,
+                low_contrast_fraction=self.low_contrast_fraction,
             ),
             split_fractions=self.split_fractions,
         )
