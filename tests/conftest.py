@@ -23,8 +23,9 @@ def synthetic_set(tmp_path_factory):
     """Manifest path of a tiny synthetic set: 6 patients x 4 slices of 64 x 64 pixels."""
     from vit_ct.datamodule import SyntheticCTDataModule
 
-    data = SyntheticCTDataModule(str(tmp_path_factory.mktemp("synthetic")), n_patients=6, slices_per_patient=4,
-                                 slice_size=64, img_size=32)
+    data = SyntheticCTDataModule(
+        str(tmp_path_factory.mktemp("synthetic")), n_patients=6, slices_per_patient=4, slice_size=64, img_size=32
+    )
     data.prepare_data()
     return data.manifest_path()
 
@@ -33,6 +34,16 @@ def tiny_data_args(manifest) -> list[str]:
     """CLI overrides that point configs/demo.yaml's synthetic data at the tiny set."""
     root = str(manifest.parent)
     return [
-        "--data.init_args.root", root, "--data.init_args.n_patients", "6", "--data.init_args.slices_per_patient", "4",
-        "--data.init_args.slice_size", "64", "--data.init_args.img_size", "32", "--data.init_args.batch_size", "8",
+        "--data.init_args.root",
+        root,
+        "--data.init_args.n_patients",
+        "6",
+        "--data.init_args.slices_per_patient",
+        "4",
+        "--data.init_args.slice_size",
+        "64",
+        "--data.init_args.img_size",
+        "32",
+        "--data.init_args.batch_size",
+        "8",
     ]
