@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import tempfile
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 os.environ.setdefault("WANDB_MODE", "offline")  # tests never reach the network
 os.environ.setdefault("WANDB_SILENT", "true")
@@ -15,6 +17,7 @@ os.environ.setdefault("WANDB_DATA_DIR", tempfile.mkdtemp(prefix="vit-ct-wandb-")
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
 # Overrides that shrink the demo config to seconds: a 2-block ViT at 32x32 on 64x64 slices.
+ROOT = Path(__file__).resolve().parents[1]
 TINY_MODEL_ARGS = ["--model.embed_dim", "32", "--model.depth", "2", "--model.num_heads", "2"]
 
 
@@ -23,9 +26,13 @@ def synthetic_set(tmp_path_factory):
     """Manifest path of a tiny synthetic set: 6 patients x 4 slices of 64 x 64 pixels."""
     from vit_ct.datamodule import SyntheticCTDataModule
 
+    # The demo's generator settings, so `vit-ct fit --config configs/demo.yaml` + tiny_data_args reuses this set.
+    demo = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())["data"]["init_args"]
+    generator = {k: demo[k] for k in ("seed", "bleed_fraction", "small_fraction", "low_contrast_fraction") if k in demo}
     data = SyntheticCTDataModule(
-        str(tmp_path_factory.mktemp("synthetic")), n_patients=6, slices_per_patient=4, slice_size=64, img_size=32
-    )
+        str(tmp_path_factory.mktemp("synthetic")), n_patients=6, slices_per_patient=4, slice_size=64, img_size=32,
+        **generator,
+    )  # fmt: skip
     data.prepare_data()
     return data.manifest_path()
 
