@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, Dataset, WeightedRandomSampler
 from vit_ct.distributed import EpochShuffleSampler, MarkedPaddingSampler, ResumableDataLoader, decode_index, global_seed
 from vit_ct.grid import to_model_grid
 from vit_ct.manifest import assign_splits, check_label_range, read_manifest, validate_manifest_files, write_bad_files
+from vit_ct.phantom import PhantomConfig
 from vit_ct.reader import load_ct_slice, load_mask
 from vit_ct.windows import parse_windows, stack_windows
 
@@ -435,9 +436,9 @@ class SyntheticCTDataModule(CTSliceDataModule):
         slice_size: int = 256,
         field_of_view_mm: float = 230.0,
         seed: int = 0,
-        bleed_fraction: float = 0.5,
-        small_fraction: float = 0.25,
-        low_contrast_fraction: float = 0.25,
+        bleed_fraction: float = PhantomConfig.bleed_fraction,
+        small_fraction: float = PhantomConfig.small_fraction,
+        low_contrast_fraction: float = PhantomConfig.low_contrast_fraction,
         **kwargs,
     ) -> None:
         super().__init__(manifest=str(Path(root) / "manifest.csv"), **kwargs)
@@ -457,7 +458,6 @@ class SyntheticCTDataModule(CTSliceDataModule):
         super().check(stage, num_classes=num_classes)
 
     def prepare_data(self) -> None:
-        from vit_ct.phantom import PhantomConfig
         from vit_ct.synthetic import build_synthetic_dataset
 
         build_synthetic_dataset(
