@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -117,6 +118,15 @@ def test_manifest_without_image_column_is_named(tmp_path, monkeypatch):
         )
 
 
+def _run_files(folder: Path, timeout_s: float = 60.0) -> list[Path]:
+    """The offline run file, which W&B's service process (not the command itself) writes and may finish after the
+    command has returned."""
+    deadline = time.monotonic() + timeout_s
+    while not (files := list(folder.glob("run-*.wandb"))) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return files
+
+
 def _vit_ct(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
     command = [str(Path(sys.executable).with_name("vit-ct")), *args]
@@ -141,7 +151,7 @@ def test_fit_then_predict_through_the_real_command(synthetic_set, tmp_path):
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["model"]["depth"] == 2
 
     # The offline W&B run holds the metrics and the full CLI config.
-    run_files = list(Path(summary["wandb_dir"]).glob("run-*.wandb"))
+    run_files = _run_files(Path(summary["wandb_dir"]))
     assert len(run_files) == 1
     history, config = history_and_config(run_files[0])
     keys = set().union(*history)
