@@ -54,3 +54,12 @@ def tiny_data_args(manifest) -> list[str]:
         "--data.init_args.batch_size",
         "8",
     ]
+
+
+@pytest.fixture(autouse=True)
+def _no_inherited_wandb_service():
+    """An in-process W&B run (e.g. the callback tests) exports WANDB_SERVICE so that child processes join its service;
+    a `vit-ct` started by a later test would then log into this process's service instead of its own, as no user's
+    shell does. Each test starts without it."""
+    os.environ.pop("WANDB_SERVICE", None)
+    yield

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import lightning as L
-import psutil
 import pytest
 import torch
 from lightning.pytorch import Callback
@@ -179,16 +178,6 @@ def _start(*args: str, cwd: Path) -> subprocess.Popen:
     return process
 
 
-def _kill_wandb_service_of(pid: int) -> None:
-    """W&B's service runs in a session of its own, outside the job's process group; a scheduler's kill (cgroup) would
-    end it too. Left alive, it keeps holding the run id, and the resumed run cannot take it over."""
-    for process in psutil.process_iter(["name", "cmdline"]):
-        cmdline = process.info["cmdline"] or []
-        if "wandb-core" in " ".join(cmdline[:1]) and str(pid) in cmdline:
-            process.kill()
-            process.wait(timeout=30)
-
-
 def _finish(process: subprocess.Popen, cwd: Path) -> None:
     assert process.wait(timeout=600) == 0, (cwd / "log.txt").read_text()[-5000:]
 
@@ -226,7 +215,6 @@ def _kill_and_resume(tmp_path: Path, common: list[str], whole: subprocess.Popen)
     last = _last(tmp_path / "resumed")
     os.killpg(killed.pid, signal.SIGKILL)  # the whole job, as a scheduler's kill would
     killed.wait(timeout=60)
-    _kill_wandb_service_of(killed.pid)
     before = torch.load(last, weights_only=True)
     assert before["global_step"] == 12 and before["epoch"] == 1  # mid-epoch: 4 of the second epoch's 8 steps
     run_id = read_wandb_run_id(last)
