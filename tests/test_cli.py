@@ -77,24 +77,16 @@ def test_bad_config_value_is_named(capsys):
     assert "depth" in capsys.readouterr().err
 
 
+def fit_on_manifest(manifest) -> None:
+    """`vit-ct fit` of the demo recipe on a user's manifest, as the README shows it (tiny model, no logger)."""
+    main(["fit", "--config", DEMO, "--config", MANIFEST, "--data.manifest", str(manifest), *TINY_MODEL_ARGS,
+          "--trainer.logger", "false"])  # fmt: skip
+
+
 def test_missing_manifest_is_named(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    missing = tmp_path / "nope.csv"
     with pytest.raises(ValueError, match="nope.csv"):
-        main(
-            [
-                "fit",
-                "--config",
-                DEMO,
-                "--config",
-                MANIFEST,
-                "--data.manifest",
-                str(missing),
-                *TINY_MODEL_ARGS,
-                "--trainer.logger",
-                "false",
-            ]
-        )
+        fit_on_manifest(tmp_path / "nope.csv")
 
 
 def test_manifest_without_image_column_is_named(tmp_path, monkeypatch):
@@ -102,20 +94,7 @@ def test_manifest_without_image_column_is_named(tmp_path, monkeypatch):
     manifest = tmp_path / "m.csv"
     manifest.write_text("path,label\na.dcm,0\n")
     with pytest.raises(ValueError, match="image"):
-        main(
-            [
-                "fit",
-                "--config",
-                DEMO,
-                "--config",
-                MANIFEST,
-                "--data.manifest",
-                str(manifest),
-                *TINY_MODEL_ARGS,
-                "--trainer.logger",
-                "false",
-            ]
-        )
+        fit_on_manifest(manifest)
 
 
 def _run_files(folder: Path, timeout_s: float = 60.0) -> list[Path]:
