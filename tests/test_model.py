@@ -138,20 +138,17 @@ def test_bad_arguments_are_named(kwargs, message):
         ViTClassifier(**{**TINY, **kwargs})
 
 
-def test_weights_from_timm_state_dict_adapt_channels_grid_and_head(tmp_path):
+def saved_timm_vit(tmp_path, **kwargs):
+    """A tiny timm ViT (seeded) and the path of its state dict saved with torch.save, as a user's timm file."""
     torch.manual_seed(0)
-    source = timm.create_model(
-        "vit_tiny_patch16_224",
-        pretrained=False,
-        num_classes=1000,
-        in_chans=3,
-        img_size=64,
-        embed_dim=32,
-        depth=2,
-        num_heads=2,
-    )
+    source = timm.create_model("vit_tiny_patch16_224", pretrained=False, embed_dim=32, depth=2, num_heads=2, **kwargs)
     path = tmp_path / "timm.pth"
     torch.save(source.state_dict(), path)
+    return source, path
+
+
+def test_weights_from_timm_state_dict_adapt_channels_grid_and_head(tmp_path):
+    source, path = saved_timm_vit(tmp_path, num_classes=1000, in_chans=3, img_size=64)
     model = ViTClassifier(**TINY, stem="patch", in_chans=1, num_classes=2, weights=str(path))
     state = source.state_dict()
     torch.testing.assert_close(model.vit.blocks[1].mlp.fc1.weight, state["blocks.1.mlp.fc1.weight"])
@@ -192,19 +189,7 @@ def test_weights_never_execute_pickled_code(tmp_path):
 
 
 def test_conv_stem_keeps_the_token_grid_and_loads_timm_blocks(tmp_path):
-    torch.manual_seed(0)
-    source = timm.create_model(
-        "vit_tiny_patch16_224",
-        pretrained=False,
-        num_classes=2,
-        in_chans=1,
-        img_size=32,
-        embed_dim=32,
-        depth=2,
-        num_heads=2,
-    )
-    path = tmp_path / "timm.pth"
-    torch.save(source.state_dict(), path)
+    source, path = saved_timm_vit(tmp_path, num_classes=2, in_chans=1, img_size=32)
     model = ViTClassifier(**TINY, stem="conv", weights=str(path))
     assert model.vit.patch_embed.grid_size == (2, 2) and model.vit.patch_embed.patch_size == (16, 16)
     tokens = model.vit.patch_embed(torch.randn(3, 1, 32, 32))
