@@ -107,3 +107,15 @@ def test_unrelated_folder_is_not_touched(tmp_path):
     with pytest.raises(ValueError, match="another root"):
         build_synthetic_dataset(tmp_path, progress=False, **ARGS)
     assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_building_in_process_leaves_the_callers_threads(tmp_path):
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:  # the demo builds its set in the CLI's process, then trains there: it must keep every thread
+        build_synthetic_dataset(tmp_path / "set", progress=False, num_workers=1, **ARGS)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)

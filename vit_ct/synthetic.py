@@ -174,8 +174,12 @@ def simulate_patient(seed: int, index: int, n_slices: int, config: PhantomConfig
 
 def _write_patient(folder: Path, seed: int, index: int, n_slices: int, config: PhantomConfig):
     """Simulate one patient and write their DICOM files and masks; returns (index, manifest rows without split)."""
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)  # parallelism comes from patients, not from inside one
-    slices = simulate_patient(seed, index, n_slices, config)
+    try:
+        slices = simulate_patient(seed, index, n_slices, config)
+    finally:  # in the caller's process (num_workers=1) its training must keep every thread
+        torch.set_num_threads(threads)
     pid = patient_id(index)
     (folder / "images" / pid).mkdir(parents=True, exist_ok=True)
     (folder / "masks" / pid).mkdir(parents=True, exist_ok=True)
