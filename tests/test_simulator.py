@@ -24,6 +24,7 @@ from vit_ct.simulator import (
 )
 
 PRETRAIN = str(Path(__file__).resolve().parents[1] / "configs" / "pretrain.yaml")
+FINETUNE = str(Path(__file__).resolve().parents[1] / "configs" / "finetune.yaml")
 CONFIG = PhantomConfig(size=64, pixel_spacing_mm=230 / 64)  # 3.6 mm pixels: coarse, but ~100 slices/s
 
 
@@ -122,7 +123,7 @@ def test_data_module_is_light_until_setup_and_evaluates_on_its_own_seed_family()
 
 
 @pytest.mark.slow
-def test_pretrain_config_fits_through_the_real_command(tmp_path, monkeypatch):
+def test_pretrain_then_finetune_through_the_real_command(tmp_path, monkeypatch, synthetic_set):
     monkeypatch.chdir(tmp_path)
     run = tmp_path / "runs" / "vit-ct" / "simulator"
     tiny = ["--data.init_args.img_size", "32", "--data.init_args.slice_size", "64", "--data.init_args.epoch_size", "16"]
@@ -150,3 +151,18 @@ def test_pretrain_config_fits_through_the_real_command(tmp_path, monkeypatch):
     assert "auroc" in Path(summary["best_checkpoint"]).name  # chosen by val/auroc on the simulated val set
     assert {"test/auroc", "test/loss", "test/rollout_pointing"} <= set(metrics)  # the test set has exact masks
     assert metrics["test/rollout_slices"] > 0 and np.isfinite(metrics["test/loss"])
+
+    # Fine-tuning starts from those weights: the CLI loads them when it builds the model (grid adapted 2x2 -> 4x4).
+    pretrained = torch.load(summary["last_checkpoint"], map_location="cpu", weights_only=True)["state_dict"]
+    finetune = ["--config", FINETUNE, *TINY_MODEL_ARGS, "--data.manifest", str(synthetic_set)]
+    finetune += ["--data.init_args.img_size", "64", "--model.weights", summary["last_checkpoint"]]
+    finetune += ["--data.init_args.num_workers", "0", "--trainer.logger", "false", "--trainer.accelerator", "cpu"]
+    cli = main(finetune, run=False)
+    assert cli.model.vit.pos_embed.shape[1] == 1 + 4 * 4
+    for name, value in cli.model.vit.state_dict().items():
+        if name != "pos_embed":
+            assert torch.equal(value, pretrained[f"vit.{name}"]), name
+    out = tmp_path / "runs" / "vit-ct" / "finetune"
+    main(["fit", *finetune, "--trainer.max_epochs", "1", "--trainer.default_root_dir", str(out)])
+    metrics = json.loads((out / "summary.json").read_text())["metrics"]
+    assert np.isfinite(metrics["test/auroc"]) and Path(out / "checkpoints" / "last.ckpt").is_file()
