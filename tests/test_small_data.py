@@ -1,0 +1,106 @@
+"""benchmarks/small_data.py: the held-out family really differs from pretraining, the floors and the interval are
+computed as stated, and a tiny end-to-end run trains every kind of row and writes its table."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import yaml
+from sklearn.metrics import roc_auc_score
+
+from vit_ct.model import ViTClassifier
+from vit_ct.phantom import PhantomConfig
+from vit_ct.simulator import EVAL_SEED_OFFSETS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def sd():
+    spec = importlib.util.spec_from_file_location("small_data", ROOT / "benchmarks" / "small_data.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop(spec.name, None)
+
+
+def test_held_out_family_is_not_the_pretraining_simulator(sd):
+    pretrain = yaml.safe_load((ROOT / "configs" / "pretrain.yaml").read_text())["data"]["init_args"]
+    kernels = pretrain.get("kernels", PhantomConfig.kernels)
+    assert not set(sd.HELDOUT.kernels) & set(kernels)  # another reconstruction
+    assert sd.HELDOUT.beam_hardening > pretrain.get("beam_hardening", PhantomConfig.beam_hardening)
+    assert sd.HELDOUT.photons_per_ray_range[1] < PhantomConfig.photons_per_ray_range[1]  # lower dose
+    seeds = {pretrain.get("seed", 0) + offset for offset in (0, *EVAL_SEED_OFFSETS.values())}
+    assert sd.HELDOUT_SEED not in seeds
+    assert pretrain["windows"] == sd.WINDOWS  # every stem weight carries over
+
+
+def test_patient_bootstrap_gives_sklearns_auroc_inside_its_interval(sd):
+    rng = np.random.default_rng(0)
+    patients = np.repeat(np.arange(20), 5)
+    labels = rng.integers(0, 2, 100)
+    scores = labels + rng.normal(0, 1.0, 100)
+    auroc, low, high = sd.patient_bootstrap_auroc(labels, scores, patients, n=300)
+    assert auroc == pytest.approx(roc_auc_score(labels, scores))
+    assert low < auroc < high and 0.0 < high - low < 0.4
+    assert sd.patient_bootstrap_auroc(labels, labels + 0.5, patients, n=50) == (1.0, 1.0, 1.0)
+
+
+def test_image_statistics_read_only_the_head(sd):
+    image = torch.rand(3, 2, 16, 16)
+    head = torch.zeros(3, 1, 16, 16)
+    head[..., 4:12, 4:12] = 1
+    features = sd.image_statistics({"image": image, "head": head})
+    assert features.shape == (3, 2 * 7)
+    outside = image.clone()
+    outside[..., :4, :] = 1.0  # brighter air changes nothing
+    assert np.allclose(sd.image_statistics({"image": outside, "head": head}), features)
+    inside = image[0, 0][head[0, 0] > 0.5]
+    assert features[0, 0] == pytest.approx(float(inside.mean()))
+
+
+def test_statistics_floor_finds_a_global_brightness_difference(sd):
+    generator = torch.Generator().manual_seed(0)
+
+    def split(n):
+        label = torch.arange(n) % 2
+        image = torch.rand(n, 2, 16, 16, generator=generator) * 0.5 + 0.3 * label[:, None, None, None]
+        return {"image": image, "head": torch.ones(n, 1, 16, 16), "label": label}
+
+    train, test = split(40), split(20)
+    assert roc_auc_score(test["label"], sd.statistics_floor(train, test)) == 1.0
+
+
+@pytest.mark.slow
+def test_tiny_run_trains_every_kind_of_row_and_writes_its_table(sd, tmp_path):
+    torch.manual_seed(0)
+    vit = ViTClassifier(arch="vit_tiny_patch16_224", stem="conv", depth=6, img_size=128, in_chans=2).vit
+    pretrained = tmp_path / "pretrained.pth"
+    torch.save(vit.state_dict(), pretrained)  # a timm state dict of the pretraining architecture
+    out = tmp_path / "table.md"
+    args = ["--root", str(tmp_path / "heldout"), "--patients", "6", "--slices-per-patient", "3", "--epochs", "1"]
+    sd.main([*args, "--rows", "resnet18", "vit-ft-masks", "--pretrained", str(pretrained), "--out", str(out)])
+    manifest = pd.read_csv(tmp_path / "heldout" / "manifest.csv")
+    train_slices = int((manifest["split"] == "train").sum())
+    rows = {r["name"]: r for r in json.loads(out.with_suffix(".json").read_text())["rows"]}
+    assert set(rows) == {
+        "floor: global image statistics",
+        "floor: windowed image",
+        "floor: head mask",
+        "ResNet-18, scratch",
+        "ViT, fine-tuned + masks",
+    }
+    assert rows["ResNet-18, scratch"]["map"] == "Grad-CAM" and rows["ViT, fine-tuned + masks"]["map"] == "rollout"
+    assert rows["floor: head mask"]["pixel_auroc"] == pytest.approx(0.5)  # uniform over the head: chance
+    for name in ("ResNet-18, scratch", "ViT, fine-tuned + masks"):
+        assert 0.0 <= rows[name]["auroc_low"] <= rows[name]["auroc"] <= rows[name]["auroc_high"] <= 1.0
+        assert rows[name]["images_seen"] == train_slices  # one epoch
+    assert "| ResNet-18, scratch | 128 |" in out.read_text()
