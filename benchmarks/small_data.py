@@ -68,12 +68,14 @@ class Row:
     img_size: int
     pretrained: bool = False
     patch_loss: bool = False  # train on the lesion masks too (the ViT's patch head)
+    train: bool = True  # False: score the (pretrained) weights as they are
 
 
 ROWS = {
     "resnet18": Row("ResNet-18, scratch", "resnet18", 128),
     "vit": Row("ViT, scratch", "vit", 128),
     "vit-masks": Row("ViT, scratch + masks", "vit", 128, patch_loss=True),
+    "vit-pre": Row("ViT, pretrained, not fine-tuned", "vit", 128, pretrained=True, train=False),
     "vit-ft": Row("ViT, fine-tuned", "vit", 128, pretrained=True),
     "vit-ft-masks": Row("ViT, fine-tuned + masks", "vit", 128, pretrained=True, patch_loss=True),
     "vit-256": Row("ViT, scratch", "vit", 256),
@@ -84,9 +86,9 @@ ROWS = {
 USAGE = """example (the README's table; ~35 min on 2 CPU cores):
   .venv/bin/python benchmarks/small_data.py --pretrained runs/vit-ct/<id>/checkpoints/last.ckpt --out small_data.md
 
-Rows (--rows): resnet18, vit, vit-masks, vit-ft, vit-ft-masks (+ masks: the ViT's patch loss on the lesion masks, which
-a user's set may not have), and -256 variants at 256 x 256 (the
-held-out set's native size). Fine-tuned rows need --pretrained (a vit-ct checkpoint of configs/pretrain.yaml's ViT).
+Rows (--rows): resnet18, vit, vit-masks, vit-pre (the pretrained weights scored as they are), vit-ft, vit-ft-masks
+(+ masks: the ViT's patch loss on the lesion masks, which a user's set may not have), and -256 variants at 256 x 256
+(the held-out set's native size). Pretrained rows need --pretrained (a vit-ct checkpoint of configs/pretrain.yaml).
 Every row trains --epochs epochs on the same train split (bf16 autocast, batch 16, flips/rotations/scaling/noise),
 from the same seed, and is scored with its final weights (no checkpoint picked on the small validation split).
 """
@@ -238,6 +240,8 @@ def evaluate(model: L.LightningModule, test: dict, lesion: torch.Tensor, img_siz
 def train(row: Row, data: CTSliceDataModule, args: argparse.Namespace) -> tuple[L.LightningModule, dict]:
     L.seed_everything(args.seed, workers=True, verbose=False)
     model = build_model(row, args.pretrained)
+    if not row.train:
+        return model, {"train_s": 0.0, "images_seen": 0, "images_per_s": float("nan"), "val_auroc": float("nan")}
     trainer = L.Trainer(
         accelerator="cpu",
         devices=1,
@@ -283,7 +287,7 @@ def main(argv: list[str] | None = None) -> str:
     )
     parser.add_argument("--pretrained", type=Path, help="vit-ct checkpoint of the simulator pretraining")
     parser.add_argument(
-        "--rows", nargs="+", default=["resnet18", "vit", "vit-masks", "vit-ft", "vit-ft-masks", "vit-ft-256"]
+        "--rows", nargs="+", default=["resnet18", "vit", "vit-masks", "vit-pre", "vit-ft", "vit-ft-masks", "vit-ft-256"]
     )
     parser.add_argument("--root", type=Path, default=Path("data/heldout"), help="where the held-out set is built")
     parser.add_argument("--patients", type=int, default=120, help="patients of the held-out set (60%% train)")
@@ -299,7 +303,7 @@ def main(argv: list[str] | None = None) -> str:
         parser.error(f"unknown --rows {sorted(unknown)}; choose from {sorted(ROWS)}")
     if any(ROWS[r].pretrained for r in args.rows) and args.pretrained is None:
         parser.error(
-            "fine-tuned rows (vit-ft*) need --pretrained CKPT (from vit-ct fit --config configs/pretrain.yaml)"
+            "pretrained rows (vit-pre, vit-ft*) need --pretrained CKPT (from vit-ct fit --config configs/pretrain.yaml)"
         )
     if args.pretrained is not None and not args.pretrained.is_file():
         parser.error(f"--pretrained {args.pretrained}: no such file")
