@@ -31,11 +31,12 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
+from timm.optim import param_groups_weight_decay
 from torch.utils.data import DataLoader
 
 from vit_ct.datamodule import CTSliceDataModule, CTSliceDataset
 from vit_ct.localisation import LocalisationMetrics, localisation_maps, model_grid_spacing_mm
-from vit_ct.model import ViTClassifier, warmup_cosine
+from vit_ct.model import ViTClassifier, warmup_cosine_schedule
 from vit_ct.phantom import PhantomConfig
 from vit_ct.synthetic import build_synthetic_dataset
 
@@ -126,14 +127,10 @@ class ResNetClassifier(L.LightningModule):
         self.log("val/auroc", roc_auc_score(labels, scores) if len(set(labels)) == 2 else float("nan"))
 
     def configure_optimizers(self):
-        decay = [p for p in self.parameters() if p.ndim > 1]  # no decay on norms and biases, as timm's groups
-        rest = [p for p in self.parameters() if p.ndim <= 1]
-        groups = [{"params": decay, "weight_decay": self.hparams.weight_decay}, {"params": rest, "weight_decay": 0.0}]
+        groups = param_groups_weight_decay(self.net, weight_decay=self.hparams.weight_decay)  # as the ViT's groups
         optimizer = torch.optim.AdamW(groups, lr=self.hparams.lr)
-        total = max(int(self.trainer.estimated_stepping_batches), 1)
-        warmup = min(int(self.hparams.warmup_epochs * total / self.trainer.max_epochs), total - 1)
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(warmup, total))
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+        schedule = warmup_cosine_schedule(optimizer, self.trainer, self.hparams.warmup_epochs)
+        return {"optimizer": optimizer, "lr_scheduler": schedule}
 
 
 def build_model(row: Row, pretrained: Path | None) -> L.LightningModule:

@@ -319,11 +319,10 @@ class ViTClassifier(L.LightningModule):
             optimizer = torch.optim.AdamW(groups, lr=self.hparams.lr)
         if self.scheduler_factory is not None:
             return {"optimizer": optimizer, "lr_scheduler": self.scheduler_factory(optimizer)}
-        total = max(int(self.trainer.estimated_stepping_batches), 1)
-        epochs = self.trainer.max_epochs if self.trainer.max_epochs and self.trainer.max_epochs > 0 else 1
-        warmup = min(int(self.hparams.warmup_epochs * total / epochs), total - 1)
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(warmup, total))
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": warmup_cosine_schedule(optimizer, self.trainer, self.hparams.warmup_epochs),
+        }
 
     def _param_groups(self) -> list[dict]:
         """timm's groups: no decay on 1-D tensors and ``no_weight_decay()``; optional layer-wise LR decay."""
@@ -340,6 +339,14 @@ class ViTClassifier(L.LightningModule):
         if self.patch_head is not None:
             groups.append({"params": list(self.patch_head.parameters()), "weight_decay": 0.0})
         return groups
+
+
+def warmup_cosine_schedule(optimizer: torch.optim.Optimizer, trainer: L.Trainer, warmup_epochs: float) -> dict:
+    """Lightning's ``lr_scheduler`` entry: :func:`warmup_cosine` per step over the trainer's whole run."""
+    total = max(int(trainer.estimated_stepping_batches), 1)
+    epochs = trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else 1
+    warmup = min(int(warmup_epochs * total / epochs), total - 1)
+    return {"scheduler": torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(warmup, total)), "interval": "step"}
 
 
 def warmup_cosine(warmup_steps: int, total_steps: int):
