@@ -35,7 +35,7 @@ from timm.optim import param_groups_weight_decay
 from torch.utils.data import DataLoader
 
 from vit_ct.datamodule import CTSliceDataModule, CTSliceDataset
-from vit_ct.localisation import LocalisationMetrics, localisation_maps, model_grid_spacing_mm
+from vit_ct.localisation import LocalisationMetrics, model_grid_spacing_mm, upsampled_rollout
 from vit_ct.model import ViTClassifier, warmup_cosine_schedule
 from vit_ct.phantom import PhantomConfig
 from vit_ct.synthetic import build_synthetic_dataset
@@ -219,17 +219,16 @@ def evaluate(model: L.LightningModule, test: dict, lesion: torch.Tensor, img_siz
     probs, maps = [], []
     for part in torch.arange(len(test["image"])).split(32):
         images = test["image"][part]
-        if isinstance(model, ViTClassifier):
-            with torch.no_grad():
-                found = localisation_maps(model, {"image": images, "head": test["head"][part]})
-                probs.append(model.probabilities(model(images)))
-            maps.append(found["rollout"])
+        if isinstance(model, ViTClassifier):  # one forward pass gives the logits and the rollout
+            logits, rollout = upsampled_rollout(model, images)
+            maps.append(rollout)
         else:
             with torch.no_grad():
-                probs.append(model.probabilities(model(images)))
+                logits = model(images)
             maps.append(
                 grad_cam_maps(model, images) if lesion[part].any() else torch.zeros(len(part), *images.shape[-2:])
             )
+        probs.append(model.probabilities(logits))
     maps = torch.cat(maps)[lesion]
     return torch.cat(probs).float().numpy(), score_maps(maps, test, lesion, img_size)
 
