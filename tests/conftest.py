@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -19,6 +21,16 @@ torch.set_num_threads(min(2, torch.get_num_threads()))
 # Overrides that shrink the demo config to seconds: a 2-block ViT at 32x32 on 64x64 slices.
 ROOT = Path(__file__).resolve().parents[1]
 TINY_MODEL_ARGS = ["--model.embed_dim", "32", "--model.depth", "2", "--model.num_heads", "2"]
+
+
+def load_benchmark(name: str):
+    """``benchmarks/<name>.py`` as a module (benchmarks are scripts, not a package), registered in ``sys.modules``
+    while it executes: dataclasses look their module up there."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="session")

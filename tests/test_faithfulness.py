@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import lightning as L
 import pytest
 import torch
+from conftest import load_benchmark
 
 from vit_ct.model import ViTClassifier
 
 
 @pytest.fixture(scope="module")
 def fb():
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "faithfulness.py"
-    spec = importlib.util.spec_from_file_location("faithfulness", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("faithfulness")
 
 
 def test_baseline_is_normal_brain_in_the_head_and_air_outside(fb):

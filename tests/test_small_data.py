@@ -3,9 +3,7 @@ computed as stated, and a tiny end-to-end run trains every kind of row and write
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +11,7 @@ import pandas as pd
 import pytest
 import torch
 import yaml
+from conftest import load_benchmark
 from sklearn.metrics import roc_auc_score
 
 from vit_ct.model import ViTClassifier
@@ -24,12 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def sd():
-    spec = importlib.util.spec_from_file_location("small_data", ROOT / "benchmarks" / "small_data.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    return load_benchmark("small_data")
 
 
 def test_held_out_family_is_not_the_pretraining_simulator(sd):
