@@ -138,16 +138,24 @@ class ResumeState(Callback):
 class BestAndLastCheckpoint(ModelCheckpoint):
     """``ModelCheckpoint`` whose ``last.ckpt`` is always the latest validated state.
 
-    Lightning 2.6 refreshes ``last.ckpt`` only on validations that also wrote a top-k checkpoint, so with
-    ``save_top_k=1`` it froze at the best epoch; resuming from it would silently repeat epochs.
+    Lightning 2.6 refreshes ``last.ckpt`` only on validations that also wrote a top-k checkpoint, so an epoch that ties
+    or trails the best one left ``last.ckpt`` at an older epoch, and resuming from it would silently repeat epochs.
+    Here every validation (and every epoch end when there is no validation) refreshes ``last.ckpt``, at whichever of
+    the two hooks Lightning saves checkpoints for this trainer: the train epoch's end when validation runs once per
+    epoch, the validation's end when it runs every N steps or every N epochs.
     """
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        super().on_train_epoch_end(trainer, pl_module)
+        if self._should_save_on_train_epoch_end(trainer):
+            self._refresh_last(trainer)
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         super().on_validation_end(trainer, pl_module)
-        if (
-            self.save_last
-            and not self._should_skip_saving_checkpoint(trainer)
-            and not self._should_save_on_train_epoch_end(trainer)
-            and self._last_global_step_saved != trainer.global_step
-        ):
+        if not self._should_save_on_train_epoch_end(trainer):
+            self._refresh_last(trainer)
+
+    def _refresh_last(self, trainer: Trainer) -> None:
+        # `_should_skip_saving_checkpoint` is also true when Lightning has just saved at this step (top-k and last).
+        if self.save_last and not self._should_skip_saving_checkpoint(trainer):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))

@@ -1,0 +1,133 @@
+"""``last.ckpt`` is the latest validated state whatever the monitored metric does: scripted scores, not luck.
+
+The monitored ``val/auroc`` is forced per validation, so these tests do not depend on what a model happens to score
+on a given CPU, precision or thread count.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch import Callback
+from lightning.pytorch.demos.boring_classes import BoringModel
+
+from vit_ct.checkpoint import AtomicCheckpointIO, BestAndLastCheckpoint
+
+BATCHES_PER_EPOCH = 4
+
+
+class ScriptedScore(BoringModel):
+    """Logs the next of ``scores`` as ``val/auroc`` at the end of every real (not sanity-check) validation."""
+
+    def __init__(self, scores: list[float]) -> None:
+        super().__init__()
+        self.scores = scores
+        self.validations = 0
+
+    def on_validation_epoch_end(self) -> None:
+        if not self.trainer.sanity_checking:
+            self.log("val/auroc", self.scores[self.validations])
+            self.validations += 1
+
+
+class LastProbe(Callback):
+    """Before every training step and at the end, reads the step of ``last.ckpt`` beside the step of the latest
+    validation (checkpoint callbacks run after all others, so a step's own save is checked at the next step)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.last = folder / "last.ckpt"
+        self.validated: list[int] = []
+        self.seen: list[tuple[int | None, int | None]] = []  # (step of last.ckpt, step of the latest validation)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if not trainer.sanity_checking:
+            self.validated.append(trainer.global_step)
+
+    def _look(self) -> None:
+        step = torch.load(self.last, weights_only=True)["global_step"] if self.last.exists() else None
+        self.seen.append((step, self.validated[-1] if self.validated else None))
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._look()
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._look()
+
+
+def fit(folder: Path, scores: list[float], *, save_top_k: int = 1, max_epochs: int, ckpt_path=None, **trainer_kwargs):
+    checkpoint = BestAndLastCheckpoint(
+        dirpath=folder, monitor="val/auroc", mode="max", save_last=True, save_top_k=save_top_k,
+        filename="best-{epoch}-{step}",
+    )  # fmt: skip
+    probe = LastProbe(folder)
+    model = ScriptedScore(scores)
+    trainer = L.Trainer(
+        max_epochs=max_epochs, limit_train_batches=BATCHES_PER_EPOCH, logger=False, enable_progress_bar=False,
+        enable_model_summary=False, callbacks=[checkpoint, probe], plugins=[AtomicCheckpointIO()],
+        **{"limit_val_batches": 1, **trainer_kwargs},
+    )  # fmt: skip
+    trainer.fit(model, ckpt_path=ckpt_path)
+    return trainer, checkpoint, probe, model
+
+
+def assert_last_is_final_state(folder: Path, trainer: L.Trainer, model: torch.nn.Module) -> None:
+    last = torch.load(folder / "last.ckpt", weights_only=True)
+    assert last["global_step"] == trainer.global_step
+    for key, value in model.state_dict().items():
+        torch.testing.assert_close(last["state_dict"][key], value, msg=key)
+
+
+# Scores exact in float32 (Lightning keeps them as tensors), so that the best one compares equal.
+SCORES = {"last_better": [0.5, 0.75, 0.875], "last_equal": [1.0, 1.0, 1.0], "last_worse": [0.625, 0.875, 0.25]}
+
+
+@pytest.mark.parametrize("save_top_k", [1, 2, -1])
+@pytest.mark.parametrize("pattern", list(SCORES))
+def test_last_follows_every_epoch_whether_or_not_it_is_the_best(tmp_path, pattern, save_top_k):
+    scores = SCORES[pattern]
+    trainer, checkpoint, probe, model = fit(tmp_path, scores, save_top_k=save_top_k, max_epochs=len(scores))
+    assert probe.validated == [BATCHES_PER_EPOCH * (i + 1) for i in range(len(scores))]
+    assert all(last == validated for last, validated in probe.seen if validated is not None)
+    assert_last_is_final_state(tmp_path, trainer, model)
+    assert float(checkpoint.best_model_score) == max(scores)
+    best = torch.load(checkpoint.best_model_path, weights_only=True)
+    assert best["global_step"] == BATCHES_PER_EPOCH * (scores.index(max(scores)) + 1)  # a tie keeps the first
+    kept = len(scores) if save_top_k == -1 else save_top_k
+    assert len(list(tmp_path.glob("best-*.ckpt"))) == kept
+
+
+@pytest.mark.parametrize(
+    ("schedule", "validations"),
+    [
+        ({"val_check_interval": 2}, [2, 4, 6, 8, 10, 12]),  # every 2 steps, twice per epoch
+        ({"check_val_every_n_epoch": 2, "max_epochs": 4}, [8, 16]),  # every other epoch
+    ],
+)
+def test_last_follows_every_validation_of_other_schedules(tmp_path, schedule, validations):
+    schedule = {"max_epochs": 3, **schedule}
+    scores = [0.875] + [0.5] * (len(validations) - 1)  # the first validation stays the best
+    trainer, checkpoint, probe, model = fit(tmp_path, scores, **schedule)
+    assert probe.validated == validations
+    assert all(last == validated for last, validated in probe.seen if validated is not None)
+    assert_last_is_final_state(tmp_path, trainer, model)
+    assert torch.load(checkpoint.best_model_path, weights_only=True)["global_step"] == validations[0]
+
+
+def test_last_follows_a_resumed_run_that_never_improves(tmp_path):
+    first, *_ = fit(tmp_path, [0.5, 0.875], max_epochs=2)
+    assert first.global_step == 2 * BATCHES_PER_EPOCH
+    trainer, checkpoint, probe, model = fit(tmp_path, [0.25, 0.125], max_epochs=4, ckpt_path=tmp_path / "last.ckpt")
+    assert probe.validated == [3 * BATCHES_PER_EPOCH, 4 * BATCHES_PER_EPOCH]
+    assert all(last == validated for last, validated in probe.seen if validated is not None)
+    assert_last_is_final_state(tmp_path, trainer, model)
+    assert float(checkpoint.best_model_score) == 0.875  # the best of the first session is still the best
+
+
+def test_without_validation_last_is_every_epochs_end(tmp_path):
+    trainer, _, probe, model = fit(tmp_path, [], max_epochs=2, limit_val_batches=0)
+    assert probe.validated == []
+    assert probe.seen[BATCHES_PER_EPOCH][0] == BATCHES_PER_EPOCH  # first step of epoch 1: epoch 0's state
+    assert_last_is_final_state(tmp_path, trainer, model)
