@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader
 from vit_ct.attention import patch_grid, record_attention
 from vit_ct.datamodule import CTSliceDataModule, CTSliceDataset
 from vit_ct.explain import explain_gradient_rollout
+from vit_ct.hardware import describe_machine
 from vit_ct.localisation import LocalisationMetrics, localisation_maps, model_grid_spacing_mm
 from vit_ct.model import ViTClassifier
 from vit_ct.rollout import last_block_attention
@@ -293,6 +294,7 @@ def main(argv: list[str] | None = None) -> str:
             f"`{command}` ({seconds:.0f} s, {torch.get_num_threads()} threads)",
         ]
     )
+    print(f"measured on {describe_machine()}\n")
     print(report)
     if args.out:
         args.out.write_text(report + "\n")

@@ -18,6 +18,7 @@ from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian, generate_uid
 
 from vit_ct.datamodule import CTSliceDataModule
+from vit_ct.hardware import describe_machine
 from vit_ct.reader import load_ct_slice
 
 USAGE = """example:
@@ -138,6 +139,7 @@ def main() -> None:
     cpu = os.cpu_count()
     print(f"\n{args.n} DICOM slices {args.size}x{args.size} int16 -> {len(args.windows)} windows at "
           f"{args.img_size}x{args.img_size}, batch {args.batch_size}, {cpu} CPU cores, torch threads 1\n")  # fmt: skip
+    print(f"measured on {describe_machine()}\n")
     print("| reading | slices/s | x plain pydicom |")
     print("|---|---:|---:|")
     for name, value in rows:

@@ -19,6 +19,7 @@ import torch
 
 from vit_ct.attention import num_prefix_tokens, patch_grid, record_attention
 from vit_ct.explain import explain_gradient_rollout, explain_rollout
+from vit_ct.hardware import describe_machine
 from vit_ct.rollout import attention_rollout
 
 VARIANTS = ("forward", "naive", "lean", "gradient")
@@ -138,7 +139,7 @@ def main() -> None:
             print(f"  {variant}: {results[variant]['seconds']:.1f} s", file=sys.stderr)
 
     reference = results.get("naive") or results[args.variants[0]]
-    print()
+    print(f"\nmeasured on {describe_machine()}\n")
     print("| variant | batch | seconds | peak MB above baseline | peak RSS MB | memory ratio to naive | what |")
     print("|---|---:|---:|---:|---:|---:|---|")
     for variant, r in results.items():

@@ -13,6 +13,7 @@ import time
 
 import torch
 
+from vit_ct.hardware import describe_machine
 from vit_ct.phantom import PhantomConfig
 from vit_ct.simulator import SimulatedSliceStream, StreamLoader
 
@@ -80,6 +81,7 @@ def main() -> None:
         f"{args.img_size}x{args.img_size}, beam hardening {args.beam_hardening}, {os.cpu_count()} CPU cores, "
         f"torch threads 1 per process\n"
     )
+    print(f"measured on {describe_machine()}\n")
     print("| simulator | slices/s |")
     print("|---|---:|")
     for name, value in rows:

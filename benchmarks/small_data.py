@@ -35,6 +35,7 @@ from timm.optim import param_groups_weight_decay
 from torch.utils.data import DataLoader
 
 from vit_ct.datamodule import CTSliceDataModule, CTSliceDataset
+from vit_ct.hardware import auto_precision, describe_machine
 from vit_ct.localisation import LocalisationMetrics, model_grid_spacing_mm, upsampled_rollout
 from vit_ct.model import ViTClassifier, warmup_cosine_schedule
 from vit_ct.phantom import PhantomConfig
@@ -90,8 +91,9 @@ USAGE = """example (the README's table; ~35 min on 2 CPU cores):
 Rows (--rows): resnet18, vit, vit-masks, vit-pre (the pretrained weights scored as they are), vit-ft, vit-ft-masks
 (+ masks: the ViT's patch loss on the lesion masks, which a user's set may not have), and -256 variants at 256 x 256
 (the held-out set's native size). Pretrained rows need --pretrained (a vit-ct checkpoint of configs/pretrain.yaml).
-Every row trains --epochs epochs on the same train split (bf16 autocast, batch 16, flips/rotations/scaling/noise),
-from the same seed, and is scored with its final weights (no checkpoint picked on the small validation split).
+Every row trains --epochs epochs on the same train split (bf16 autocast where the CPU has native bf16, else fp32;
+batch 16, flips/rotations/scaling/noise), from the same seed, and is scored with its final weights (no checkpoint
+picked on the small validation split).
 """
 
 
@@ -241,7 +243,7 @@ def train(row: Row, data: CTSliceDataModule, args: argparse.Namespace) -> tuple[
     trainer = L.Trainer(
         accelerator="cpu",
         devices=1,
-        precision="bf16-mixed",
+        precision=auto_precision("cpu")[0],
         max_epochs=args.epochs,
         logger=False,
         enable_checkpointing=False,
@@ -384,6 +386,7 @@ def main(argv: list[str] | None = None) -> str:
             f"`{command}` ({seconds / 60:.0f} min, {torch.get_num_threads()} threads)",
         ]
     )
+    print(f"measured on {describe_machine()}\n")
     print(report)
     if args.out:
         args.out.write_text(report + "\n")

@@ -1,9 +1,11 @@
 """Training throughput of vit-ct on CPU, side by side in one run, as a markdown table.
 
 Compares (images/s, data in memory): the vit-ct Lightning Trainer vs a plain PyTorch loop on the same timm ViT and
-batches; bf16-mixed vs fp32; activation checkpointing on vs off (speed, and the memory autograd holds for the backward
-pass); 1 vs 2 DDP processes (gloo) on the same cores. The default model is the demo's (ViT-Ti width, 6 blocks,
-128 x 128, batch 32). Takes ~3-5 minutes on 2 cores:
+batches; bf16-mixed vs fp32, and which one ``precision: auto`` takes on this machine; ``torch.compile`` vs eager for the
+training step and for inference (compile time reported apart); activation checkpointing on vs off (speed, and the
+memory autograd holds for the backward pass); 1 vs 2 DDP processes (gloo) on the same cores; two trainings side by side
+on the same cores with OpenMP's default spin-waiting vs the passive waiting vit-ct sets. The default model is the
+demo's (ViT-Ti width, 6 blocks, 128 x 128, batch 32). Takes ~6-10 minutes on 2 cores:
 
     python benchmarks/training_throughput.py [--steps 12] [--warmup 3]
 """
@@ -24,6 +26,7 @@ from lightning.pytorch import Callback
 from torch.utils.data import DataLoader
 
 from vit_ct import ViTClassifier
+from vit_ct.hardware import auto_precision, describe_machine, usable_cpus
 
 MODEL = {"arch": "vit_tiny_patch16_224", "depth": 6, "img_size": 128, "patch_loss_weight": 0.0, "drop_path_rate": 0.1}
 
@@ -78,6 +81,42 @@ def plain_throughput(model: ViTClassifier, batches: list[dict], warmup: int) -> 
     return images / (time.perf_counter() - start)
 
 
+def compiled_throughput(model: ViTClassifier, batches: list[dict], warmup: int, train: bool) -> tuple[float, float]:
+    """Images/s of the plain loop (``train``) or of inference with ``torch.compile`` on the timm network, and the
+    seconds the first call (compilation) took."""
+    vit = torch.compile(model.vit.train(train))
+    start = time.perf_counter()
+    run_steps(vit, model, batches[:1], train)
+    compile_s = time.perf_counter() - start
+    run_steps(vit, model, batches[1:warmup], train)
+    start = time.perf_counter()
+    run_steps(vit, model, batches[warmup:], train)
+    return sum(len(b["label"]) for b in batches[warmup:]) / (time.perf_counter() - start), compile_s
+
+
+def eager_inference_throughput(model: ViTClassifier, batches: list[dict], warmup: int) -> float:
+    vit = model.vit.eval()
+    run_steps(vit, model, batches[:warmup], train=False)
+    start = time.perf_counter()
+    run_steps(vit, model, batches[warmup:], train=False)
+    return sum(len(b["label"]) for b in batches[warmup:]) / (time.perf_counter() - start)
+
+
+def run_steps(vit: torch.nn.Module, model: ViTClassifier, batches: list[dict], train: bool) -> None:
+    if not train:
+        with torch.inference_mode():
+            for batch in batches:
+                vit(batch["image"])
+        return
+    optimizer = getattr(model, "_benchmark_optimizer", None) or torch.optim.AdamW(model._param_groups(), lr=1e-3)
+    model._benchmark_optimizer = optimizer
+    for batch in batches:
+        loss = F.cross_entropy(vit(batch["image"]).float(), batch["label"])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+
 def saved_for_backward_mib(model: ViTClassifier, batch: dict) -> float:
     """MiB of tensors autograd keeps from the forward pass for the backward pass (what checkpointing trades away)."""
     storages: dict[int, int] = {}
@@ -117,16 +156,47 @@ def run_ddp(processes: int, args: argparse.Namespace) -> float:
     return json.loads(next(line for line in out.splitlines() if line.startswith("{")))["images_per_s"]
 
 
+def pair_child(args: argparse.Namespace) -> None:
+    """One of two trainings run side by side: plain-loop images/s with all ``args.threads`` threads."""
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    batches = make_batches(args.warmup + args.steps, args.batch_size, MODEL["img_size"])
+    print(json.dumps({"images_per_s": plain_throughput(ViTClassifier(**MODEL), batches, args.warmup)}))
+
+
+def run_pair(wait_policy: str | None, args: argparse.Namespace) -> float:
+    """Mean images/s of two trainings started together on the same cores. ``wait_policy`` None: OpenMP's default
+    (torch is imported before vit-ct, so vit-ct's passive default does not apply)."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    if wait_policy:
+        env["OMP_WAIT_POLICY"] = wait_policy
+    argv = ["--pair-child", "--steps", str(args.steps), "--warmup", str(args.warmup),
+            "--batch-size", str(args.batch_size), "--threads", str(args.threads)]  # fmt: skip
+    # torch (and its OpenMP runtime) is loaded before vit_ct, which sets the passive default only when it loads first
+    code = f"import runpy, sys, torch\nsys.argv = {[__file__, *argv]!r}\nrunpy.run_path(sys.argv[0], run_name='main')"
+    command = [sys.executable, "-c", code]
+    jobs = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env) for _ in range(2)]
+    rates = []
+    for job in jobs:
+        out, _ = job.communicate()
+        assert job.returncode == 0, out
+        rates.append(json.loads(next(line for line in out.splitlines() if line.startswith("{")))["images_per_s"])
+    return sum(rates) / len(rates)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=12, help="timed optimizer steps per measurement")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1), help="CPU threads in all")
+    parser.add_argument("--threads", type=int, default=min(2, usable_cpus()), help="CPU threads in all")
     parser.add_argument("--ddp-child", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--pair-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.ddp_child:
         return ddp_child(args.ddp_child, args)
+    if args.pair_child:
+        return pair_child(args)
 
     torch.set_num_threads(args.threads)
     batches = make_batches(args.warmup + args.steps, args.batch_size, MODEL["img_size"])
@@ -142,6 +212,13 @@ def main() -> None:
     rows.append(("vit-ct Trainer vs plain PyTorch loop (fp32)", f"{fp32:.1f}", f"{plain:.1f}", fp32 / plain))
     bf16 = lightning_throughput(fresh(), batches, args.warmup, precision="bf16-mixed")
     rows.append(("bf16-mixed vs fp32 (Trainer)", f"{bf16:.1f}", f"{fp32:.1f}", bf16 / fp32))
+    compiled, compile_s = compiled_throughput(fresh(), batches, args.warmup, train=True)
+    rows.append((f"torch.compile vs eager: training step, fp32 (compiling took {compile_s:.0f} s)",
+                 f"{compiled:.1f}", f"{plain:.1f}", compiled / plain))  # fmt: skip
+    eager_inference = eager_inference_throughput(fresh(), batches, args.warmup)
+    compiled, compile_s = compiled_throughput(fresh(), batches, args.warmup, train=False)
+    rows.append((f"torch.compile vs eager: inference, fp32 (compiling took {compile_s:.0f} s)",
+                 f"{compiled:.1f}", f"{eager_inference:.1f}", compiled / eager_inference))  # fmt: skip
     checkpointed = lightning_throughput(fresh(grad_checkpointing=True), batches, args.warmup)
     rows.append(("activation checkpointing on vs off: speed",
                  f"{checkpointed:.1f}", f"{fp32:.1f}", checkpointed / fp32))  # fmt: skip
@@ -152,14 +229,21 @@ def main() -> None:
     one, two = run_ddp(1, args), run_ddp(2, args)
     rows.append((f"DDP 2 processes x {args.threads // 2} thread vs 1 x {args.threads} (gloo)", f"{two:.1f}",
                  f"{one:.1f}", two / one))  # fmt: skip
+    passive, default = run_pair("PASSIVE", args), run_pair(None, args)
+    rows.append((f"two trainings side by side, each {args.threads} threads: OpenMP passive vs default waiting "
+                 "(images/s of each)", f"{passive:.1f}", f"{default:.1f}", passive / default))  # fmt: skip
+    rows.append(("one training alone vs each of two side by side (passive waiting)",
+                 f"{plain:.1f}", f"{passive:.1f}", plain / passive))  # fmt: skip
 
-    print(f"\nvit-ct training throughput, CPU ({args.threads} threads), {MODEL['arch']} depth {MODEL['depth']}, "
-          f"{MODEL['img_size']}x{MODEL['img_size']}, batch {args.batch_size}, {args.steps} timed steps\n")  # fmt: skip
+    chosen, reason = auto_precision("cpu")
+    print(f"\nvit-ct training throughput on {describe_machine()}; {args.threads} threads, {MODEL['arch']} depth "
+          f"{MODEL['depth']}, {MODEL['img_size']}x{MODEL['img_size']}, batch {args.batch_size}, {args.steps} timed "
+          f"steps. precision: auto takes {chosen} here ({reason}).\n")  # fmt: skip
     print("| comparison | A (images/s or MiB) | B | A / B |")
     print("|---|---:|---:|---:|")
     for name, a, b, ratio in rows:
         print(f"| {name} | {a} | {b} | {ratio:.2f} |")
 
 
-if __name__ == "__main__":
+if __name__ in ("__main__", "main"):
     main()

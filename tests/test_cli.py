@@ -20,6 +20,7 @@ from wandb_records import history_and_config
 
 from vit_ct import CTSliceDataModule, ViTClassifier, load_ct_slice
 from vit_ct.cli import main
+from vit_ct.hardware import auto_precision
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
@@ -127,7 +128,10 @@ def test_fit_then_predict_through_the_real_command(synthetic_set, tmp_path):
     assert "test/auroc" in summary["metrics"]  # demo.yaml tests the best checkpoint after fitting
     assert str(best) in fit.stdout.replace("\n", "")
     run_dir = Path(summary["run_dir"])
-    assert yaml.safe_load((run_dir / "config.yaml").read_text())["model"]["depth"] == 2
+    saved_config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert saved_config["model"]["depth"] == 2
+    # demo.yaml's `precision: auto` is resolved for this machine, and the run records what it used
+    assert summary["precision"] == saved_config["trainer"]["precision"] == auto_precision("cpu")[0]
 
     # The offline W&B run holds the metrics and the full CLI config.
     run_files = _run_files(Path(summary["wandb_dir"]))

@@ -1,5 +1,13 @@
 """vit-ct: Vision Transformers for CT slices, with attention-rollout maps over the lesion."""
 
+import os
+
+# OpenMP threads that busy-wait between parallel regions make processes sharing the cores (two runs, or a run and
+# its DataLoader workers) many times slower: two demo trainings side by side on 2 cores took 5.0 s a step each
+# instead of 0.64 s with passive waiting (benchmarks/training_throughput.py). Set before torch loads its OpenMP
+# runtime; a value the user set wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 from vit_ct.attention import record_attention
 from vit_ct.datamodule import CTBatch, CTSliceDataModule, CTSliceDataset, SyntheticCTDataModule
 from vit_ct.model import ViTClassifier

@@ -18,13 +18,15 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import LearningRateMonitor, RichProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import WandbLogger
-from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from rich.console import Console
 
 from vit_ct.callbacks import RolloutOverlayCallback
 from vit_ct.checkpoint import AtomicCheckpointIO, BestAndLastCheckpoint, ResumeState, read_wandb_run_id
 from vit_ct.datamodule import CTSliceDataModule
+from vit_ct.hardware import accelerator_name, describe_machine, resolve_precision, use_usable_cpus
 from vit_ct.model import ViTClassifier
+from vit_ct.trainer import Trainer as AutoPrecisionTrainer
 
 
 def use_wandb_offline_unless_configured() -> None:
@@ -86,8 +88,21 @@ class VitCTCLI(LightningCLI):
         parser.add_argument("--output_dir", type=str | None, default=None, help="predict: folder of the outputs.")
 
     def before_instantiate_classes(self) -> None:
+        config = self.config.get(self.subcommand) if self.subcommand else self.config
+        self._resolve_precision(config)
+        self._continue_wandb_run(config)
+
+    @staticmethod
+    def _resolve_precision(config: Namespace) -> None:
+        """``precision: auto`` becomes the machine's choice in the config itself, so that the run's saved config (and
+        W&B) records the precision the run really used."""
+        precision, reason = resolve_precision(config.trainer.precision, accelerator_name(config.trainer.accelerator))
+        if reason is not None:
+            config.trainer.precision = precision
+            rank_zero_info(f"precision: {precision} (auto: {reason}; --trainer.precision chooses another)")
+
+    def _continue_wandb_run(self, config: Namespace | None) -> None:
         """``fit --ckpt_path K``: continue K's W&B run (its id, ``resume="allow"``) unless the command names a run."""
-        config = self.config.get(self.subcommand) if self.subcommand else None
         ckpt_path = config.get("ckpt_path") if config is not None else None
         if self.subcommand != "fit" or not ckpt_path or not Path(ckpt_path).is_file():
             return
@@ -155,6 +170,8 @@ class VitCTCLI(LightningCLI):
             "best_checkpoint": _absolute(getattr(checkpoint, "best_model_path", "")),
             "last_checkpoint": _absolute(getattr(checkpoint, "last_model_path", "")),
             "wandb_dir": _wandb_dir(trainer),
+            "machine": describe_machine(),
+            "precision": str(trainer.precision),
             "metrics": metrics,
         }
         folder.mkdir(parents=True, exist_ok=True)
@@ -198,10 +215,12 @@ def main(args: list[str] | None = None, *, run: bool = True) -> VitCTCLI | None:
     value, and anything but None would be exit status 1.
     """
     use_wandb_offline_unless_configured()
+    use_usable_cpus()
     torch.set_float32_matmul_precision("high")
     cli = VitCTCLI(
         ViTClassifier,
         CTSliceDataModule,
+        trainer_class=AutoPrecisionTrainer,
         subclass_mode_data=True,
         save_config_callback=LoggedConfigCallback,
         save_config_kwargs={"overwrite": True, "save_to_log_dir": False},

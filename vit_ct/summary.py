@@ -32,6 +32,7 @@ def report(output_dir: str | Path, summary: dict) -> str:
         f"  best checkpoint   {summary.get('best_checkpoint')}",
         f"  run folder        {summary.get('run_dir')}  (config.yaml, summary.json)",
         f"  W&B run (offline) {summary.get('wandb_dir')}",
+        f"  trained on        {summary.get('machine')}, precision {summary.get('precision')}",
         f"  predictions       {output_dir / 'predictions.csv'}  (maps/*.npy, overlays/*.png)",
     ]
     if (output_dir / "predictions.csv").is_file():

@@ -1,0 +1,35 @@
+"""Lightning's ``Trainer`` with one addition: ``precision="auto"``, the fastest precision the hardware has."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import lightning as L
+from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT
+from lightning.pytorch.accelerators import Accelerator
+from lightning.pytorch.utilities import rank_zero_info
+
+from vit_ct.hardware import AUTO, accelerator_name, resolve_precision
+
+
+class Trainer(L.Trainer):
+    """``lightning.Trainer`` whose ``precision`` defaults to ``"auto"``; every other argument is Lightning's own.
+
+    Args:
+        accelerator: Lightning's: ``cpu``, ``gpu``, ``auto``, ... or an ``Accelerator`` object.
+        precision: ``auto``: bf16 autocast on a CPU with native bf16 (AVX512-BF16, AMX) or a GPU with native bf16,
+            fp16 autocast on an older GPU, fp32 on any other CPU (where bf16 is emulated and many times slower).
+            Or any of Lightning's values (``32-true``, ``bf16-mixed``, ``16-mixed``, ...), used as given.
+    """
+
+    def __init__(
+        self,
+        *,
+        accelerator: str | Accelerator = AUTO,
+        precision: _PRECISION_INPUT | Literal["auto"] | None = AUTO,
+        **kwargs,
+    ) -> None:
+        precision, reason = resolve_precision(precision, accelerator_name(accelerator))
+        if reason is not None:
+            rank_zero_info(f"precision: {precision} (auto: {reason})")
+        super().__init__(accelerator=accelerator, precision=precision, **kwargs)
