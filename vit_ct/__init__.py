@@ -3,9 +3,9 @@
 import os
 
 # OpenMP threads that busy-wait between parallel regions make processes sharing the cores (two runs, or a run and
-# its DataLoader workers) many times slower: two demo trainings side by side on 2 cores took 5.0 s a step each
-# instead of 0.64 s with passive waiting (benchmarks/training_throughput.py). Set before torch loads its OpenMP
-# runtime; a value the user set wins.
+# its DataLoader workers) many times slower: two demo trainings side by side on 2 cores each ran 1.9x to 8x slower
+# than with passive waiting (benchmarks/training_throughput.py); a run alone lost a few percent at most. Set before
+# torch loads its OpenMP runtime; a value the user set wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from vit_ct.attention import record_attention
