@@ -20,14 +20,14 @@ from pytorch_grad_cam import GradCAM
 from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
 from torch.utils.data import DataLoader
 
-from vit_ct.attention import patch_grid, record_attention
-from vit_ct.datamodule import CTSliceDataModule, CTSliceDataset
-from vit_ct.explain import explain_gradient_rollout
+from vit_ct.data.datamodule import CTSliceDataModule, CTSliceDataset
+from vit_ct.data.windows import parse_windows, window_hu
+from vit_ct.explain.attention import patch_grid, record_attention
+from vit_ct.explain.localisation import LocalisationMetrics, localisation_maps, model_grid_spacing_mm
+from vit_ct.explain.maps import explain_gradient_rollout
+from vit_ct.explain.rollout import last_block_attention
 from vit_ct.hardware import describe_machine
-from vit_ct.localisation import LocalisationMetrics, localisation_maps, model_grid_spacing_mm
 from vit_ct.model import ViTClassifier
-from vit_ct.rollout import last_block_attention
-from vit_ct.windows import parse_windows, window_hu
 
 # Deletion fills with normal brain: grey/white matter average ~30 HU, below fresh blood (50-90 HU), so a deleted patch
 # loses exactly the hyperdensity that marks a bleed and gains no new structure. Only head pixels are filled (air stays
@@ -45,7 +45,8 @@ Slices: lesion slices (label 1, a known lesion mask inside the head) of --split,
 Curves: patches in the map's order (ties broken at random, seeded), --steps + 1 points from 0 to all patches; the
 area is over the fraction of patches, in [0, 1]. Deletion: lower is better; insertion: higher is better.
 Baseline: every head pixel (HU > -300) at 30 HU (normal brain), windowed like the input; air stays air.
-Localisation: vit_ct.localisation.LocalisationMetrics on the model grid, each map bilinearly upsampled like rollout.
+Localisation: vit_ct.explain.localisation.LocalisationMetrics on the model grid, each map bilinearly upsampled like
+rollout.
 """
 
 

@@ -1,5 +1,5 @@
 """Slices per second from a folder of DICOM CT slices: plain pydicom reading against CTSliceDataModule's training
-loader (vit_ct.reader + windows + resize to the model grid), with and without workers, and with the in-memory cache
+loader (vit_ct.data.reader + windows + resize to the model grid), with and without workers, and with the in-memory cache
 (first epoch, which fills it, against a cached epoch).
 """
 
@@ -17,9 +17,9 @@ import torch
 from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian, generate_uid
 
-from vit_ct.datamodule import CTSliceDataModule
+from vit_ct.data.datamodule import CTSliceDataModule
+from vit_ct.data.reader import load_ct_slice
 from vit_ct.hardware import describe_machine
-from vit_ct.reader import load_ct_slice
 
 USAGE = """example:
   .venv/bin/python benchmarks/loader_throughput.py                  # 300 slices of 512 x 512: about a minute

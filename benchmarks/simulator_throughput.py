@@ -1,4 +1,4 @@
-"""Slices per second of the on-the-fly simulator (vit_ct.simulator): anatomy + scan + windows + resize to the model
+"""Slices per second of the on-the-fly simulator (vit_ct.sim.simulator): anatomy + scan + windows + resize to the model
 grid, per worker (one process, one torch thread, as in a DataLoader worker) at several slice sizes and heads per
 batch, and through a DataLoader with several workers. Prints a markdown table; ~2 minutes on 2 cores:
 
@@ -14,8 +14,8 @@ import time
 import torch
 
 from vit_ct.hardware import describe_machine
-from vit_ct.phantom import PhantomConfig
-from vit_ct.simulator import SimulatedSliceStream, StreamLoader
+from vit_ct.sim.phantom import PhantomConfig
+from vit_ct.sim.simulator import SimulatedSliceStream, StreamLoader
 
 FIELD_OF_VIEW_MM = 230.0
 

@@ -34,12 +34,12 @@ from sklearn.preprocessing import StandardScaler
 from timm.optim import param_groups_weight_decay
 from torch.utils.data import DataLoader
 
-from vit_ct.datamodule import CTSliceDataModule, CTSliceDataset
+from vit_ct.data.datamodule import CTSliceDataModule, CTSliceDataset
+from vit_ct.explain.localisation import LocalisationMetrics, model_grid_spacing_mm, upsampled_rollout
 from vit_ct.hardware import auto_precision, describe_machine
-from vit_ct.localisation import LocalisationMetrics, model_grid_spacing_mm, upsampled_rollout
 from vit_ct.model import ViTClassifier, warmup_cosine_schedule
-from vit_ct.phantom import PhantomConfig
-from vit_ct.synthetic import build_synthetic_dataset
+from vit_ct.sim.phantom import PhantomConfig
+from vit_ct.sim.synthetic import build_synthetic_dataset
 
 WINDOWS = ["brain", "subdural"]  # as configs/pretrain.yaml and configs/finetune.yaml
 TOLERANCE_MM = 5.0

@@ -36,7 +36,7 @@ def load_benchmark(name: str):
 @pytest.fixture(scope="session")
 def synthetic_set(tmp_path_factory):
     """Manifest path of a tiny synthetic set: 6 patients x 4 slices of 64 x 64 pixels."""
-    from vit_ct.datamodule import SyntheticCTDataModule
+    from vit_ct.sim.synthetic import SyntheticCTDataModule
 
     # The demo's generator settings, so `vit-ct fit --config configs/demo.yaml` + tiny_data_args reuses this set.
     demo = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())["data"]["init_args"]

@@ -6,9 +6,9 @@ import timm
 import torch
 from torch import nn
 
-from vit_ct.attention import attention_modules, num_prefix_tokens, patch_grid, record_attention
-from vit_ct.explain import explain_gradient_rollout, explain_rollout
-from vit_ct.rollout import attention_rollout, fuse_heads, gradient_rollout
+from vit_ct.explain.attention import attention_modules, num_prefix_tokens, patch_grid, record_attention
+from vit_ct.explain.maps import explain_gradient_rollout, explain_rollout
+from vit_ct.explain.rollout import attention_rollout, fuse_heads, gradient_rollout
 
 DEPTH, HEADS = 3, 2
 

@@ -12,7 +12,7 @@ from lightning.pytorch.loggers import WandbLogger
 from PIL import Image
 
 from vit_ct.callbacks import RolloutOverlayCallback
-from vit_ct.datamodule import CTSliceDataModule
+from vit_ct.data.datamodule import CTSliceDataModule
 from vit_ct.model import ViTClassifier
 
 torch.set_num_threads(1)

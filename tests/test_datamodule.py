@@ -9,11 +9,14 @@ from types import SimpleNamespace
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from conftest import TINY_MODEL_ARGS
+from npy_manifest import write_npy_manifest
 
-from vit_ct.cli import main, run_dir
-from vit_ct.datamodule import CTSliceDataModule
-from vit_ct.distributed import MarkedPaddingSampler, decode_index
+from vit_ct.cli import main
+from vit_ct.data.datamodule import CTSliceDataModule
+from vit_ct.data.distributed import MarkedPaddingSampler, decode_index
+from vit_ct.runs import run_dir
 
 LABELS = ["epidural", "subdural", "any"]
 
@@ -138,3 +141,25 @@ def test_ddp_evaluation_cache_holds_only_the_ranks_shard(tmp_path, rank):
     shard = {decode_index(i)[0] for i in MarkedPaddingSampler(val, **ranks)}
     assert set(val._cache) == shard == ({0, 2, 4} if rank == 0 else {1, 3, 0})  # rank 1 pads with slice 0
     assert set(data.datasets["train"]._cache) == set(range(4))  # training shards change every epoch: all of it
+
+
+def test_batches_carry_the_files_pixel_spacing_on_the_model_grid(synthetic_set):
+    """The synthetic DICOM's PixelSpacing (0.9 mm at 256 x 256 in the demo settings), rescaled to the model grid."""
+    import pydicom
+
+    data = CTSliceDataModule(str(synthetic_set), img_size=32, batch_size=4, num_workers=0, augment=False)
+    data.setup("fit")
+    batch = next(iter(data.val_dataloader()))
+    table = data.split_table("val")
+    for i, index in enumerate(batch["index"].tolist()):
+        ds = pydicom.dcmread(table.iloc[index]["image"], stop_before_pixels=True)
+        rows, spacing = int(ds.Rows), [float(v) for v in ds.PixelSpacing]
+        expected = sum(spacing) / 2 * max(rows, int(ds.Columns)) / 32
+        assert float(batch["pixel_spacing_mm"][i]) == pytest.approx(expected, rel=1e-6)
+
+
+def test_slices_without_spacing_carry_nan(tmp_path):
+    manifest = write_npy_manifest(tmp_path, train=2, val=2)
+    data = CTSliceDataModule(str(manifest), img_size=32, batch_size=2, num_workers=0, augment=False)
+    data.setup("fit")
+    assert torch.isnan(next(iter(data.val_dataloader()))["pixel_spacing_mm"]).all()

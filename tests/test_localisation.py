@@ -5,7 +5,7 @@ import pytest
 import torch
 from sklearn.metrics import roc_auc_score
 
-from vit_ct.localisation import LocalisationMetrics, localisation_maps, model_grid_spacing_mm, pixel_auroc
+from vit_ct.explain.localisation import LocalisationMetrics, localisation_maps, model_grid_spacing_mm, pixel_auroc
 from vit_ct.model import ViTClassifier
 
 torch.set_num_threads(1)
@@ -94,6 +94,12 @@ def test_pointing_tolerance_in_mm():
     # 2 pixels of 1.5 mm = 3 mm: in with 3 mm, out with 2.9 mm; spacing per slice overrides the constructor's
     assert _scores(maps, mask, head, tolerance_mm=3.0, pixel_spacing_mm=torch.tensor([1.5]))["pointing"] == 1
     assert _scores(maps, mask, head, tolerance_mm=2.9, pixel_spacing_mm=1.5)["pointing"] == 0
+    # a batch's NaN (a file without spacing) falls back to the constructor's spacing
+    unknown = torch.tensor([float("nan")])
+    assert _scores(maps, mask, head, tolerance_mm=3.0, pixel_spacing_mm=unknown)["pointing"] == 1  # 1 mm default
+    metrics = LocalisationMetrics(tolerance_mm=3.0, pixel_spacing_mm=2.0)
+    metrics.update(maps, mask, head, pixel_spacing_mm=unknown)
+    assert float(metrics.compute()["pointing"]) == 0  # 2 pixels of 2 mm = 4 mm > 3 mm
     maps[0, 10, 6] = 1.0  # a tie 2 pixels below the lesion: in
     maps[0, 2, 14] = 1.0  # a far tie
     assert _scores(maps, mask, head, tolerance_mm=2.0)["pointing"] == pytest.approx(2 / 3)

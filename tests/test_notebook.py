@@ -16,7 +16,9 @@ import pytest
 from conftest import TINY_MODEL_ARGS, tiny_data_args
 from PIL import Image
 
-from vit_ct import review, review_figures, review_notebook
+from vit_ct import review
+from vit_ct.review import figures as review_figures
+from vit_ct.review import notebook as review_notebook
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "attention_review.ipynb"

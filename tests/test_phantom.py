@@ -1,15 +1,15 @@
-"""Synthetic head anatomy: HU per tissue (DOMAIN.md ranges), exact bleed masks, class balance and CT noise."""
+"""Synthetic head anatomy: HU per tissue (textbook head-CT ranges), exact bleed masks, class balance and CT noise."""
 
 import numpy as np
 import pytest
 from scipy.ndimage import binary_dilation, binary_erosion
 
-from vit_ct.phantom import BLEED_TYPES, PhantomConfig, Tissue, sample_head, simulate_slice, simulate_slices
+from vit_ct.sim.phantom import BLEED_TYPES, PhantomConfig, Tissue, sample_head, simulate_slice, simulate_slices
 
 SMALL = PhantomConfig(size=128, pixel_spacing_mm=1.8)
 TINY = PhantomConfig(size=64, pixel_spacing_mm=3.6)
 
-HU_RANGES = {  # DOMAIN.md
+HU_RANGES = {  # typical head-CT values: CSF 0-15, white matter 20-30, grey 35-45, acute blood 50-90 HU
     Tissue.AIR: (-1000, -1000),
     Tissue.SCALP: (20, 60),
     Tissue.BONE: (700, 2000),

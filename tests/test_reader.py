@@ -1,4 +1,4 @@
-"""vit_ct.reader against pydicom's own values on real files, hand computations, and every kind of bad input."""
+"""vit_ct.data.reader against pydicom's own values on real files, hand computations, and every kind of bad input."""
 
 import io
 import re
@@ -16,7 +16,14 @@ from pydicom.pixels import apply_modality_lut
 from pydicom.sequence import Sequence
 from pydicom.uid import MPEG2MPML, JPEGBaseline8Bit, RLELossless
 
-from vit_ct.reader import UnreadableFileError, load_ct_slice, load_mask, probe_ct_slice, probe_mask
+from vit_ct.data.reader import (
+    UnreadableFileError,
+    load_ct_slice,
+    load_mask,
+    probe_ct_slice,
+    probe_mask,
+    read_pixel_spacing,
+)
 
 
 def pydicom_file(name: str) -> str:
@@ -402,3 +409,24 @@ def test_masks(tmp_path):
             read(tmp_path / "nothing.png")
         with raises_for(pydicom_file("CT_small.dcm"), "unsupported mask format"):
             read(pydicom_file("CT_small.dcm"))
+
+
+def test_pixel_spacing_is_read_from_every_kind_of_file(tmp_path):
+    """DICOM PixelSpacing as pydicom reads it, enhanced CT's functional groups, NIfTI voxel sizes; .npy has none."""
+    ds = pydicom.dcmread(pydicom_file("CT_small.dcm"))
+    assert read_pixel_spacing(pydicom_file("CT_small.dcm")) == tuple(float(v) for v in ds.PixelSpacing)
+    enhanced = pydicom.dcmread(pydicom_file("eCT_Supplemental.dcm"), stop_before_pixels=True)
+    assert "PixelSpacing" not in enhanced  # only in the functional groups
+    groups = enhanced.get("PerFrameFunctionalGroupsSequence") or []
+    measures = [g.get("PixelMeasuresSequence") for g in groups if g.get("PixelMeasuresSequence")]
+    measures = measures or [enhanced.SharedFunctionalGroupsSequence[0].PixelMeasuresSequence]
+    expected = tuple(float(v) for v in measures[0][0].PixelSpacing)
+    assert read_pixel_spacing(pydicom_file("eCT_Supplemental.dcm"), 0) == expected
+    image = nib.Nifti1Image(np.zeros((8, 6, 1), np.int16), np.diag([0.7, 0.8, 5.0, 1.0]))
+    nib.save(image, tmp_path / "slice.nii.gz")
+    assert read_pixel_spacing(tmp_path / "slice.nii.gz") == pytest.approx((0.7, 0.8))
+    np.save(tmp_path / "slice.npy", np.zeros((8, 8), np.float32))
+    assert read_pixel_spacing(tmp_path / "slice.npy") is None
+    ds.PixelSpacing = None
+    ds.save_as(tmp_path / "no_spacing.dcm")
+    assert read_pixel_spacing(tmp_path / "no_spacing.dcm") is None

@@ -1,4 +1,4 @@
-"""``vit_ct.review`` and ``vit_ct.review_figures``: the review table against ``vit-ct predict`` and the model's own
+"""``vit_ct.review`` and ``vit_ct.review.figures``: the review table against ``vit-ct predict`` and the model's own
 test metrics, the summary metrics against sklearn, calibration and gallery order against hand-computed tables, and the
 figures, browser and export."""
 
@@ -14,9 +14,10 @@ from lightning import Trainer
 from matplotlib.figure import Figure
 from PIL import Image
 
-from vit_ct import ViTClassifier, review, review_figures
-from vit_ct.localisation import LocalisationMetrics
+from vit_ct import ViTClassifier, review
+from vit_ct.explain.localisation import LocalisationMetrics
 from vit_ct.prediction import PredictionWriter
+from vit_ct.review import figures as review_figures
 
 WINDOWS = {"data": {"init_args": {"windows": ["brain", "subdural"]}}}
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from vit_ct.rollout import (
+from vit_ct.explain.rollout import (
     attention_rollout,
     class_token_rollout,
     fuse_heads,

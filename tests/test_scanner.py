@@ -6,7 +6,7 @@ import torch
 from skimage.data import shepp_logan_phantom
 from skimage.transform import iradon, radon, resize
 
-from vit_ct.scanner import (
+from vit_ct.sim.scanner import (
     FILTER_NAMES,
     default_angles,
     filtered_back_projection,

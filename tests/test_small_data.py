@@ -15,8 +15,8 @@ from conftest import load_benchmark
 from sklearn.metrics import roc_auc_score
 
 from vit_ct.model import ViTClassifier
-from vit_ct.phantom import PhantomConfig
-from vit_ct.simulator import EVAL_SEED_OFFSETS
+from vit_ct.sim.phantom import PhantomConfig
+from vit_ct.sim.simulator import EVAL_SEED_OFFSETS
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -9,8 +9,8 @@ import pydicom
 import pytest
 from PIL import Image
 
-from vit_ct.phantom import PhantomConfig
-from vit_ct.synthetic import MANIFEST_COLUMNS, PIXEL_PADDING_VALUE, build_synthetic_dataset, simulate_patient
+from vit_ct.sim.phantom import PhantomConfig
+from vit_ct.sim.synthetic import MANIFEST_COLUMNS, PIXEL_PADDING_VALUE, build_synthetic_dataset, simulate_patient
 
 CONFIG = PhantomConfig(size=64, pixel_spacing_mm=3.6)
 ARGS = {"n_patients": 4, "slices_per_patient": 3, "seed": 5, "config": CONFIG, "split_fractions": (0.5, 0.25, 0.25)}

@@ -8,12 +8,14 @@ import os
 # torch loads its OpenMP runtime; a value the user set wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from vit_ct.attention import record_attention
-from vit_ct.datamodule import CTBatch, CTSliceDataModule, CTSliceDataset, SyntheticCTDataModule
+from vit_ct.data.datamodule import CTBatch, CTSliceDataModule, CTSliceDataset
+from vit_ct.data.reader import load_ct_slice, load_mask
+from vit_ct.data.windows import WINDOW_PRESETS, stack_windows, window_hu
+from vit_ct.explain.attention import record_attention
+from vit_ct.explain.rollout import attention_rollout, gradient_rollout, last_block_attention
+from vit_ct.legacy import register_aliases
 from vit_ct.model import ViTClassifier
-from vit_ct.reader import load_ct_slice, load_mask
-from vit_ct.rollout import attention_rollout, gradient_rollout, last_block_attention
-from vit_ct.windows import WINDOW_PRESETS, stack_windows, window_hu
+from vit_ct.sim.synthetic import SyntheticCTDataModule
 
 __all__ = [
     "WINDOW_PRESETS",
@@ -32,3 +34,5 @@ __all__ = [
     "window_hu",
 ]
 __version__ = "0.1.0"
+
+register_aliases()

@@ -10,8 +10,9 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_warn
 
-from vit_ct.localisation import upsampled_rollout
-from vit_ct.overlay import render_overlay
+from vit_ct.explain.localisation import upsampled_rollout
+from vit_ct.explain.overlay import render_overlay
+from vit_ct.runs import run_dir
 
 # `render_overlay` windows HU; the model input is already windowed to [0, 1], which this window leaves unchanged.
 IDENTITY_WINDOW = (0.5, 1.0)
@@ -168,3 +169,13 @@ def _format_prob(prob: float | list[float]) -> str | float:
     if isinstance(prob, float):
         return round(prob, 4)
     return ", ".join(f"{p:.3f}" for p in prob)
+
+
+class BadFilesReport(Callback):
+    """Writes the manifest rows the data module skipped (``on_bad_file="skip"``) to ``bad_files.csv`` in the run
+    folder, on rank 0, once the run (and so its folder) exists: after the data module's ``setup``."""
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        report = getattr(trainer.datamodule, "report_bad_rows", None)
+        if report is not None and trainer.is_global_zero:
+            report(run_dir(trainer))

@@ -2,7 +2,7 @@
 needs beyond Lightning's own state (random-number generators, the W&B run id).
 
 Resuming: ``vit-ct fit --config C --ckpt_path runs/vit-ct/<id>/checkpoints/last.ckpt`` restores the weights, optimizer,
-LR schedule, epoch and step (Lightning), the data order within the epoch (:mod:`vit_ct.distributed`), the RNG states
+LR schedule, epoch and step (Lightning), the data order in the epoch (:mod:`vit_ct.data.distributed`), the RNG states
 and the W&B run (same id, ``resume="allow"``); checkpoints keep going to the same run folder. Arguments on resume:
 ``--model.*`` values come from the checkpoint (LightningCLI reads its hyper-parameters over the command line), so the
 network cannot change; ``--trainer.*`` and ``--data.*`` values come from the command, e.g. a larger
@@ -120,7 +120,7 @@ class ResumeState(Callback):
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # Lightning 2.6 restores a stateful training loader only if it builds the loader after the restore, but
         # `configure_optimizers` asking for `estimated_stepping_batches` builds it before. Apply the saved loader state
-        # now: the first batch is not drawn yet (vit_ct.distributed.ResumableDataLoader starts its iterator lazily).
+        # now: the first batch is not drawn yet (data.distributed.ResumableDataLoader starts its iterator lazily).
         fit_loop = trainer.fit_loop
         if getattr(fit_loop, "_combined_loader_states_to_load", None):
             fit_loop._load_combined_loader_states()

@@ -1,12 +1,11 @@
 """The ``vit-ct`` command: a LightningCLI (fit / validate / test / predict) with W&B tracking and checkpoints.
 
-Runs go to ``runs/<project>/<run id>/`` (checkpoints, config.yaml, summary.json); ``runs/latest`` points at the
-newest fit.
+Runs go to ``runs/<project>/<run id>/`` (checkpoints, config.yaml, summary.json; :mod:`vit_ct.runs`); ``runs/latest``
+points at the newest fit.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -21,11 +20,12 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from rich.console import Console
 
-from vit_ct.callbacks import RolloutOverlayCallback
+from vit_ct.callbacks import BadFilesReport, RolloutOverlayCallback
 from vit_ct.checkpoint import AtomicCheckpointIO, BestAndLastCheckpoint, ResumeState, read_wandb_run_id
-from vit_ct.datamodule import CTSliceDataModule
+from vit_ct.data.datamodule import CTSliceDataModule
 from vit_ct.hardware import accelerator_name, describe_machine, resolve_precision, use_usable_cpus
 from vit_ct.model import ViTClassifier
+from vit_ct.runs import run_dir, write_summary
 from vit_ct.trainer import Trainer as AutoPrecisionTrainer
 
 
@@ -37,17 +37,6 @@ def use_wandb_offline_unless_configured() -> None:
     if netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="ignore"):
         return
     os.environ["WANDB_MODE"] = "offline"
-
-
-def run_dir(trainer: Trainer) -> Path:
-    """Folder of this run: ``<save_dir>/<project>/<run id>`` for W&B (where Lightning puts the checkpoints)."""
-    logger = trainer.logger
-    if isinstance(logger, WandbLogger):
-        return Path(logger.save_dir or trainer.default_root_dir) / str(logger.name) / str(logger.version)
-    # `Trainer.log_dir` without its broadcast: this runs in rank-0-only code, where a collective call hangs DDP.
-    if logger is None:
-        return Path(trainer.default_root_dir)
-    return Path(getattr(logger, "log_dir", None) or logger.save_dir or trainer.default_root_dir)
 
 
 class LoggedConfigCallback(SaveConfigCallback):
@@ -172,16 +161,10 @@ class VitCTCLI(LightningCLI):
             "wandb_dir": _wandb_dir(trainer),
             "machine": describe_machine(),
             "precision": str(trainer.precision),
+            "localisation_tolerance_mm": self.model.hparams.get("localisation_tolerance_mm"),
             "metrics": metrics,
         }
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "summary.json").write_text(json.dumps(summary, indent=2))
-        latest = folder.parent.parent / "latest"
-        if latest.is_symlink() or not latest.exists():
-            tmp = latest.with_name(".latest.tmp")
-            tmp.unlink(missing_ok=True)
-            tmp.symlink_to(folder.resolve(), target_is_directory=True)
-            tmp.replace(latest)  # atomic: `latest` always points at a complete run
+        write_summary(trainer, summary)
         console = Console()
         console.print(f"[bold]best checkpoint[/]  {summary['best_checkpoint']}")
         console.print(f"[bold]last checkpoint[/]  {summary['last_checkpoint']}")
@@ -232,6 +215,7 @@ def main(args: list[str] | None = None, *, run: bool = True) -> VitCTCLI | None:
                 RichProgressBar(),
                 LearningRateMonitor(logging_interval="epoch"),
                 RolloutOverlayCallback(),
+                BadFilesReport(),
                 ResumeState(),
             ],
         },

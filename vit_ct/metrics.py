@@ -13,7 +13,11 @@ import torch
 from torchmetrics import Metric, MetricCollection
 from torchmetrics.classification import AUROC, Accuracy, BinaryAUROC, F1Score, Recall, Specificity
 
-from vit_ct.rsna import RSNA_LABEL_WEIGHTS
+# RSNA 2019's weighted multi-label log loss counts `any` twice (its labels: vit_ct.data.rsna.RSNA_LABELS).
+RSNA_LABEL_WEIGHTS = {
+    "epidural": 1.0, "intraparenchymal": 1.0, "intraventricular": 1.0, "subarachnoid": 1.0, "subdural": 1.0, "any": 2.0,
+}  # fmt: skip
+
 
 Task = Literal["binary", "multiclass", "multilabel"]
 
@@ -24,7 +28,7 @@ def classification_metrics(
     """The metric set of one stage, keys ``{prefix}auroc``, ``{prefix}accuracy``, ...
 
     Multi-label adds ``{prefix}auroc_<label>`` per label beside the macro ``{prefix}auroc``, and
-    ``{prefix}weighted_log_loss`` when the labels are RSNA 2019's six (``vit_ct.rsna``).
+    ``{prefix}weighted_log_loss`` when the labels are RSNA 2019's six (``vit_ct.data.rsna``).
 
     Args:
         task: ``binary`` (inputs: P(lesion) per slice), ``multiclass`` (inputs: class probabilities

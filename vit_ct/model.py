@@ -18,10 +18,10 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from timm.optim import param_groups_layer_decay, param_groups_weight_decay
 from torch import nn
 
-from vit_ct.attention import patch_grid, record_attention
-from vit_ct.localisation import MAP_SOURCES, LocalisationMetrics, localisation_maps, model_grid_spacing_mm
+from vit_ct.explain.attention import patch_grid, record_attention
+from vit_ct.explain.localisation import MAP_SOURCES, LocalisationMetrics, localisation_maps, model_grid_spacing_mm
+from vit_ct.explain.rollout import class_token_rollout
 from vit_ct.metrics import classification_metrics
-from vit_ct.rollout import class_token_rollout
 from vit_ct.stem import ConvStemPatchEmbed
 from vit_ct.weights import load_weights
 
@@ -60,7 +60,7 @@ class ViTClassifier(L.LightningModule):
         rollout_head_fusion: How attention rollout fuses the heads of a block (``mean``, ``max``, ``min``).
         rollout_discard_ratio: Share of the lowest attention weights rollout discards per block.
         localisation_tolerance_mm: Pointing-game tolerance of the validation and test localisation metrics, in mm
-            (slices padded to square are assumed to span 230 mm unless batches carry ``pixel_spacing_mm``).
+            on each slice's own pixel spacing (read from the file; slices without one are assumed to span 230 mm).
         grad_checkpointing: Recompute block activations in the backward pass (less memory, ~30% slower).
         weights: Initial weights: a vit-ct checkpoint or a timm state-dict file. Channels, position grid and
             differently sized heads are adapted. Only the network is loaded, not the trainer state.

@@ -11,9 +11,9 @@ import numpy as np
 import pandas as pd
 from lightning.pytorch.callbacks import BasePredictionWriter
 
-from vit_ct.grid import to_source_grid
-from vit_ct.overlay import render_overlay, save_png
-from vit_ct.reader import load_ct_slice, load_mask
+from vit_ct.data.grid import to_source_grid
+from vit_ct.data.reader import load_ct_slice, load_mask
+from vit_ct.explain.overlay import render_overlay, save_png
 
 
 def _frame(row: pd.Series) -> int | None:

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pandas as pd
 
-LATEST = Path("runs/latest/summary.json")
+from vit_ct.runs import LATEST_SUMMARY
+
 LOCALISATION = ("pointing", "energy", "mask_fraction", "energy_ratio", "pixel_auroc")
 
 
-def read_summary(path: str | Path = LATEST) -> dict:
+def read_summary(path: str | Path = LATEST_SUMMARY) -> dict:
     """The run summary written after ``fit`` (checkpoint paths, run and W&B folders, final metrics)."""
     path = Path(path)
     if not path.is_file():
@@ -40,7 +41,9 @@ def report(output_dir: str | Path, summary: dict) -> str:
     names = ("auroc", "accuracy", "sensitivity", "specificity")
     lines.append("  test  " + "  ".join(f"{n} {metrics[f'test/{n}']:.3f}" for n in names if f"test/{n}" in metrics))
     if "test/rollout_pointing" in metrics:
-        lines.append("  localisation on test slices with a lesion (pointing tolerance 5 mm):")
+        tolerance = summary.get("localisation_tolerance_mm")
+        tolerance = f"{tolerance:g} mm" if tolerance is not None else "see config.yaml"
+        lines.append(f"  localisation on test slices with a lesion (pointing tolerance {tolerance}):")
         lines.append(f"    {'map':<14}" + "".join(f"{n:>15}" for n in LOCALISATION))
         for source in ("rollout", "floor_image", "floor_head"):
             values = [metrics.get(f"test/{source}_{n}", float("nan")) for n in LOCALISATION]
@@ -59,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     elif len(args) == 1:
         value = read_summary().get(args[0])
         if value is None:
-            raise SystemExit(f"{LATEST} has no {args[0]!r}")
+            raise SystemExit(f"{LATEST_SUMMARY} has no {args[0]!r}")
         print(value)
     else:
         raise SystemExit("usage: python -m vit_ct.summary KEY | report OUTPUT_DIR")

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import torch
 from timm.layers import resample_abs_pos_embed
-from timm.models import VisionTransformer
-from timm.models._manipulate import adapt_input_conv
+from timm.models import VisionTransformer, adapt_input_conv
 
 # Keys of the classifier heads: re-initialised when their shape differs from the target's.
 _HEAD_PREFIXES = ("head.", "patch_head.")

@@ -14,9 +14,9 @@ from pydicom.errors import InvalidDicomError
 from pydicom.pixels import get_decoder, pixel_array
 from pydicom.pixels.utils import get_expected_length, get_nr_frames
 
-from vit_ct.filecheck import UnreadableFileError, frame_index
+from vit_ct.data.windows import AIR_HU
+from vit_ct.data.filecheck import UnreadableFileError, frame_index
 
-AIR_HU = -1000.0  # what DICOM pixel padding (outside the scan circle) becomes
 _MONOCHROME = ("MONOCHROME1", "MONOCHROME2")
 
 
@@ -109,6 +109,26 @@ def _rescale(ds: Dataset, index: int) -> tuple[float, float] | None:
         slope = ds.get("RescaleSlope")
         return float(1.0 if slope is None else slope), float(ds.get("RescaleIntercept") or 0.0)
     return None
+
+
+def pixel_spacing(ds: Dataset, index: int = 0) -> tuple[float, float] | None:
+    """(row, column) spacing in mm: enhanced CT keeps it per frame or shared in functional groups
+    (PixelMeasuresSequence), classic CT at the top level (PixelSpacing); None when the file gives none."""
+    for sequence, item in (("PerFrameFunctionalGroupsSequence", index), ("SharedFunctionalGroupsSequence", 0)):
+        groups = ds.get(sequence)
+        if groups and len(groups) > item:
+            measures = groups[item].get("PixelMeasuresSequence")
+            if measures and measures[0].get("PixelSpacing") is not None:
+                return _positive_pair(measures[0].PixelSpacing)
+    return _positive_pair(ds.get("PixelSpacing"))
+
+
+def _positive_pair(value) -> tuple[float, float] | None:
+    try:
+        row, column = (float(v) for v in value)
+    except (TypeError, ValueError):
+        return None
+    return (row, column) if row > 0 and column > 0 else None
 
 
 def _padding_mask(ds: Dataset, stored: np.ndarray) -> np.ndarray | None:

@@ -1,8 +1,8 @@
 """Review a trained model's predictions and attention-rollout maps (arXiv:2005.00928), slice by slice: loading a
 run, the review table, metrics, case selection and export behind ``notebooks/attention_review.ipynb``.
 
-Figures and the case browser are in :mod:`vit_ct.review_figures`; ``python -m vit_ct.review`` runs the notebook
-headless (:mod:`vit_ct.review_notebook`) and writes its figures and CSVs to ``--output_dir``.
+Figures and the case browser are in :mod:`vit_ct.review.figures`; ``python -m vit_ct.review`` runs the notebook
+headless (:mod:`vit_ct.review.notebook`) and writes its figures and CSVs to ``--output_dir``.
 """
 
 from __future__ import annotations
@@ -20,16 +20,25 @@ import yaml
 from rich.progress import track
 from torchmetrics.functional.classification import binary_auroc, binary_roc
 
-from vit_ct.attention import num_prefix_tokens, patch_grid, record_attention
-from vit_ct.datamodule import CTSliceDataModule
-from vit_ct.explain import explain_gradient_rollout
-from vit_ct.grid import to_source_grid
-from vit_ct.localisation import MAP_SOURCES, energy_in_mask, localisation_maps, model_grid_spacing_mm, pixel_auroc
-from vit_ct.localisation import pointing as pointing_game
+from vit_ct.data.datamodule import CTSliceDataModule
+from vit_ct.data.grid import to_source_grid
+from vit_ct.data.reader import load_ct_slice, load_mask
+from vit_ct.data.splits import SPLIT_FRACTIONS
+from vit_ct.data.windows import parse_windows
+from vit_ct.explain.attention import num_prefix_tokens, patch_grid, record_attention
+from vit_ct.explain.localisation import (
+    MAP_SOURCES,
+    energy_in_mask,
+    localisation_maps,
+    model_grid_spacing_mm,
+    pixel_auroc,
+    spacing_per_slice,
+)
+from vit_ct.explain.localisation import pointing as pointing_game
+from vit_ct.explain.maps import explain_gradient_rollout
+from vit_ct.explain.rollout import last_block_attention, per_block_maps, per_head_maps
 from vit_ct.model import ViTClassifier
-from vit_ct.reader import load_ct_slice, load_mask
-from vit_ct.rollout import last_block_attention, per_block_maps, per_head_maps
-from vit_ct.windows import parse_windows
+from vit_ct.runs import LATEST_SUMMARY
 
 GROUPS = {"TP": "true positive", "FP": "false positive", "FN": "false negative", "TN": "true negative"}
 SCORES = ("pointing", "energy", "mask_fraction", "pixel_auroc")
@@ -64,7 +73,7 @@ def resolve_checkpoint(ckpt_path: str | os.PathLike | None) -> Path:
         ValueError: the checkpoint or the summary does not exist, saying what to do.
     """
     if ckpt_path is None:
-        summary = project_path("runs/latest/summary.json")
+        summary = project_path(LATEST_SUMMARY)
         if not summary.is_file():
             raise ValueError(f"ckpt_path is None and {summary} does not exist: run `make demo` or set ckpt_path")
         runs = json.loads(summary.read_text())
@@ -122,7 +131,7 @@ def review_datamodule(
         num_workers=0,
         augment=False,
         cache=False,
-        split_fractions=tuple(data.get("split_fractions", (0.7, 0.15, 0.15))),
+        split_fractions=tuple(data.get("split_fractions", SPLIT_FRACTIONS)),
         split_seed=data.get("split_seed", 0),
         predict_split=split,
     )
@@ -157,10 +166,10 @@ def localisation_scores(
     *,
     known: torch.Tensor,
     tolerance_mm: float,
-    pixel_spacing_mm: float | torch.Tensor,
+    pixel_spacing_mm: float | torch.Tensor | None,
 ) -> dict[str, np.ndarray]:
     """Per-slice pointing, energy, mask fraction and pixel AUROC, scored exactly as
-    :class:`vit_ct.localisation.LocalisationMetrics` scores them; NaN on the slices it skips.
+    :class:`vit_ct.explain.localisation.LocalisationMetrics` scores them; NaN on the slices it skips.
 
     Args:
         maps: ``(B, H, W)`` maps.
@@ -168,14 +177,14 @@ def localisation_scores(
         head: ``(B, H, W)`` head masks, 0/1.
         known: ``(B,)`` bool: the slice's mask is known.
         tolerance_mm: Pointing-game tolerance.
-        pixel_spacing_mm: Pixel size of the grid, one for all or ``(B,)``.
+        pixel_spacing_mm: Pixel size of the grid, one for all or ``(B,)``; None or NaN: a 230 mm field of view.
     """
     head = head > 0.5
     lesion = (masks > 0.5) & head
     scored = lesion.any(dim=(1, 2)) & (head & ~lesion).any(dim=(1, 2)) & known.to(head.device, torch.bool)
     scores = {name: np.full(len(maps), np.nan) for name in SCORES}
     if scored.any():
-        spacing = torch.as_tensor(pixel_spacing_mm, dtype=torch.float64, device=maps.device).expand(len(maps))
+        spacing = spacing_per_slice(pixel_spacing_mm, model_grid_spacing_mm(maps.shape[-1]), len(maps), maps.device)
         m, les, hd = maps[scored].float().clamp_min(0), lesion[scored], head[scored]
         energy, mask_fraction = energy_in_mask(m, les, hd)
         chosen = scored.cpu().numpy()
@@ -211,7 +220,6 @@ def run_review(
     datamodule.setup("predict")
     loader = datamodule.predict_dataloader()
     split_rows = loader.dataset.table
-    spacing = model_grid_spacing_mm(model.hparams.img_size)
     records = []
     for batch in track(loader, description="reviewing slices", disable=not progress, transient=True):
         batch = {k: v.to(model.device) if torch.is_tensor(v) else v for k, v in batch.items()}
@@ -227,7 +235,7 @@ def run_review(
                     batch["head"][:, 0],
                     known=batch["has_mask"],
                     tolerance_mm=model.hparams.localisation_tolerance_mm,
-                    pixel_spacing_mm=batch.get("pixel_spacing_mm", spacing),
+                    pixel_spacing_mm=batch.get("pixel_spacing_mm"),
                 )
                 scores.update({f"{source}_{name}": values for name, values in per_slice.items()})
         for i, index in enumerate(batch["index"].tolist()):
@@ -468,9 +476,3 @@ def export_flagged(
     path.parent.mkdir(parents=True, exist_ok=True)
     rows.to_csv(path, index=False)
     return rows
-
-
-if __name__ == "__main__":  # python -m vit_ct.review: the notebook, headless
-    from vit_ct.review_notebook import main
-
-    main()

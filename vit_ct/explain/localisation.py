@@ -19,6 +19,16 @@ HEAD_FIELD_OF_VIEW_MM = 230.0
 MAP_SOURCES = ("rollout", "floor_image", "floor_head")
 
 
+def spacing_per_slice(
+    pixel_spacing_mm: float | torch.Tensor | None, default_mm: float, n: int, device: torch.device
+) -> torch.Tensor:
+    """``(n,)`` float64 mm per pixel: the batch's value where it has one (not NaN), else ``default_mm``."""
+    if pixel_spacing_mm is None:
+        return torch.full((n,), float(default_mm), dtype=torch.float64, device=device)
+    spacing = torch.as_tensor(pixel_spacing_mm, dtype=torch.float64, device=device).expand(n)
+    return torch.where(torch.isnan(spacing), torch.full_like(spacing, float(default_mm)), spacing)
+
+
 def model_grid_spacing_mm(img_size: int, field_of_view_mm: float = HEAD_FIELD_OF_VIEW_MM) -> float:
     """Pixel size in mm on the ``img_size`` model grid of a slice whose padded square spans ``field_of_view_mm``."""
     return field_of_view_mm / img_size
@@ -172,7 +182,7 @@ class LocalisationMetrics(Metric):
             masks: ``(B, H, W)`` lesion masks, 0/1, on the same grid.
             head: ``(B, H, W)`` head masks, 0/1: scoring ignores every other pixel; None: the whole slice.
             known: ``(B,)`` bool: the slice's mask is known (``CTBatch["has_mask"]``); None: every mask is.
-            pixel_spacing_mm: Pixel size in mm, one for all or ``(B,)``; None: the constructor's.
+            pixel_spacing_mm: Pixel size in mm, one for all or ``(B,)``; None or NaN: the constructor's.
         """
         if maps.dim() != 3 or masks.shape != maps.shape or (head is not None and head.shape != maps.shape):
             raise ValueError(
@@ -186,9 +196,7 @@ class LocalisationMetrics(Metric):
             scored &= known.to(scored.device, torch.bool)
         if not scored.any():
             return
-        if pixel_spacing_mm is None:
-            pixel_spacing_mm = self.pixel_spacing_mm
-        spacing = torch.as_tensor(pixel_spacing_mm, dtype=torch.float64, device=maps.device).expand(len(maps))
+        spacing = spacing_per_slice(pixel_spacing_mm, self.pixel_spacing_mm, len(maps), maps.device)
         maps, lesion, head = maps[scored].float().clamp_min(0), lesion[scored], head[scored]
         energy, mask_fraction = energy_in_mask(maps, lesion, head)
         self.pointing += pointing(maps, lesion, head, self.tolerance_mm / spacing[scored]).sum()

@@ -18,10 +18,10 @@ import torch
 from rich.progress import track
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
-from vit_ct.datamodule import CTBatch, CTSliceDataModule, Window, slice_item
-from vit_ct.distributed import MarkedPaddingSampler, decode_index
-from vit_ct.phantom import PhantomConfig, sample_head, simulate_slices
-from vit_ct.windows import parse_windows
+from vit_ct.data.datamodule import CTBatch, CTSliceDataModule, Window, slice_item
+from vit_ct.data.distributed import MarkedPaddingSampler, decode_index
+from vit_ct.data.windows import parse_windows
+from vit_ct.sim.phantom import PhantomConfig, sample_head, simulate_slices
 
 EVAL_SEED_OFFSETS = {"val": 10**6, "test": 2 * 10**6}  # evaluation sets: seed families training never draws from
 NO_PREDICT = "SimulatorDataModule has nothing to predict on: predict with a manifest (configs/manifest.yaml)"
@@ -50,7 +50,7 @@ def _distributed_rank(rank: int | None, world_size: int | None) -> tuple[int, in
 
 
 class SimulatedSliceStream(IterableDataset):
-    """Phantom slices (``vit_ct.phantom``: anatomy, bleeds, look-alikes, then a noisy scan) as :class:`CTBatch` items.
+    """Phantom slices (:mod:`~vit_ct.sim.phantom`: anatomy, bleeds, look-alikes, then a noisy scan) as CTBatch items.
 
     An epoch gives each rank ``ceil(epoch_size / world_size)`` slices in batches of ``batch_size``. Batch ``b`` is
     simulated by worker ``b % num_workers``, every head in it from :func:`head_generator` of (seed, epoch, rank, b,
@@ -137,6 +137,7 @@ class SimulatedSliceStream(IterableDataset):
                     index=index,
                     windows=self.windows,
                     img_size=self.img_size,
+                    pixel_spacing_mm=(self.config.pixel_spacing_mm, self.config.pixel_spacing_mm),
                 )
                 item["valid"] = torch.tensor(True)
                 if self.details:
@@ -224,7 +225,7 @@ class SimulatedSliceSet(Dataset):
         return self.items[index]
 
     def __getitem__(self, index: int) -> CTBatch:
-        index, valid = decode_index(index)  # a DDP padding repeat arrives as -1 - index (vit_ct.distributed)
+        index, valid = decode_index(index)  # a DDP padding repeat arrives as -1 - index (vit_ct.data.distributed)
         return dict(self.items[index], valid=torch.tensor(valid))
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vit_ct.attention import num_prefix_tokens, patch_grid, record_attention
-from vit_ct.rollout import HeadFusion, class_token_rollout, gradient_rollout
+from vit_ct.explain.attention import num_prefix_tokens, patch_grid, record_attention
+from vit_ct.explain.rollout import HeadFusion, class_token_rollout, gradient_rollout
 
 
 def explain_rollout(

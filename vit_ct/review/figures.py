@@ -11,10 +11,11 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from vit_ct.datamodule import CTSliceDataModule
+from vit_ct.data.datamodule import CTSliceDataModule
+from vit_ct.data.windows import WINDOW_PRESETS, parse_windows
+from vit_ct.explain.overlay import render_overlay
 from vit_ct.model import ViTClassifier
-from vit_ct.overlay import render_overlay
-from vit_ct.review import (
+from vit_ct.review.cases import (
     GROUPS,
     METHODS,
     CaseMaps,
@@ -29,7 +30,6 @@ from vit_ct.review import (
     source_map,
     summary_metrics,
 )
-from vit_ct.windows import WINDOW_PRESETS, parse_windows
 
 HEADLESS_ENV = "VIT_CT_HEADLESS"  # "1": static figures instead of widgets (set by `python -m vit_ct.review`)
 

@@ -1,6 +1,6 @@
-"""The built-in synthetic head-CT dataset: phantom slices written as real DICOM files, PNG masks and a manifest CSV.
-
-The project reads it exactly like a user's own data, so the demo and the tests exercise the real input path.
+"""The built-in synthetic head-CT dataset: phantom slices written as real DICOM files, PNG masks and a manifest CSV,
+and ``SyntheticCTDataModule``, which builds it once and then reads it exactly like a user's own manifest, so the demo
+and the tests exercise the real input path.
 """
 
 import csv
@@ -21,10 +21,11 @@ from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian, generate_uid
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from vit_ct.phantom import PhantomConfig, SimulatedSlice, sample_head, simulate_slices
+from vit_ct.data.datamodule import CTSliceDataModule
+from vit_ct.data.splits import SPLIT_FRACTIONS, SPLITS
+from vit_ct.sim.phantom import PhantomConfig, SimulatedSlice, sample_head, simulate_slices
 
 MANIFEST_COLUMNS = ("image", "label", "patient_id", "split", "mask", "bleed_type")
-SPLITS = ("train", "val", "test")
 RESCALE_INTERCEPT = -1024  # HU of stored value 0
 PIXEL_PADDING_VALUE = -2000  # stored value outside the scan circle
 HEAD_HEIGHT_MM = 100.0  # axial extent covered by slice levels 0 to 1
@@ -52,7 +53,7 @@ def build_synthetic_dataset(
     slices_per_patient: int = 8,
     seed: int = 0,
     config: PhantomConfig = PhantomConfig(),  # noqa: B008 (frozen dataclass: immutable default)
-    split_fractions: tuple[float, float, float] = (0.7, 0.15, 0.15),
+    split_fractions: tuple[float, float, float] = SPLIT_FRACTIONS,
     overwrite: bool = False,
     num_workers: int = 1,
     progress: bool = True,
@@ -298,3 +299,67 @@ def _split_patients(labels: list[list[int]], fractions, seed: int) -> list[str]:
     raise ValueError(
         "could not split patients so that every split has both classes; use more patients or slices per patient"
     )
+
+
+class SyntheticCTDataModule(CTSliceDataModule):
+    """The built-in synthetic head-CT set: generated once into ``root`` as DICOM + PNG masks + manifest, then
+    read like any manifest.
+
+    Args:
+        root: Folder of the generated set (reused when it already holds one built with the same arguments).
+        n_patients: Synthetic patients (one head each, several slice levels).
+        slices_per_patient: Slices per patient.
+        slice_size: Rows and columns of the generated slices.
+        field_of_view_mm: Side of the reconstructed field of view (230 mm: 0.9 mm pixels at 256).
+        seed: Seed of the generator; the same seed gives byte-identical files.
+        bleed_fraction: Share of slices with an acute bleed.
+        small_fraction: Share of bleeds only a few mm across or thick (the hardest cases).
+        low_contrast_fraction: Share of bleeds in the lowest 10 HU of the acute-blood range (50-60 HU).
+        **kwargs: The arguments of :class:`CTSliceDataModule` (except ``manifest``).
+    """
+
+    def __init__(
+        self,
+        root: str = "data/synthetic",
+        *,
+        n_patients: int = 120,
+        slices_per_patient: int = 8,
+        slice_size: int = 256,
+        field_of_view_mm: float = 230.0,
+        seed: int = 0,
+        bleed_fraction: float = PhantomConfig.bleed_fraction,
+        small_fraction: float = PhantomConfig.small_fraction,
+        low_contrast_fraction: float = PhantomConfig.low_contrast_fraction,
+        **kwargs,
+    ) -> None:
+        super().__init__(manifest=str(Path(root) / "manifest.csv"), **kwargs)
+        self.root = root
+        self.n_patients = n_patients
+        self.slices_per_patient = slices_per_patient
+        self.slice_size = slice_size
+        self.field_of_view_mm = field_of_view_mm
+        self.seed = seed
+        self.bleed_fraction = bleed_fraction
+        self.small_fraction = small_fraction
+        self.low_contrast_fraction = low_contrast_fraction
+
+    def check(self, stage: str, *, num_classes: int | None = None) -> None:
+        # The CLI checks the data before the trainer starts (and before DDP starts other ranks): build the set first.
+        self.prepare_data()
+        super().check(stage, num_classes=num_classes)
+
+    def prepare_data(self) -> None:
+        build_synthetic_dataset(
+            self.root,
+            n_patients=self.n_patients,
+            slices_per_patient=self.slices_per_patient,
+            seed=self.seed,
+            config=PhantomConfig(
+                size=self.slice_size,
+                pixel_spacing_mm=self.field_of_view_mm / self.slice_size,
+                bleed_fraction=self.bleed_fraction,
+                small_fraction=self.small_fraction,
+                low_contrast_fraction=self.low_contrast_fraction,
+            ),
+            split_fractions=self.split_fractions,
+        )

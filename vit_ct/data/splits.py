@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 SPLITS = ("train", "val", "test")
+SPLIT_FRACTIONS = (0.7, 0.15, 0.15)  # train / val / test shares of the patients when a manifest names no split
 _MAX_LISTED = 20  # lines named per patient in one error message
 
 
@@ -45,7 +46,7 @@ def _positive(df: pd.DataFrame, label_columns: Sequence[str] | None) -> np.ndarr
 def assign_splits(
     df: pd.DataFrame,
     *,
-    fractions: Sequence[float] = (0.7, 0.15, 0.15),
+    fractions: Sequence[float] = SPLIT_FRACTIONS,
     seed: int = 0,
     label_columns: Sequence[str] | None = None,
 ) -> pd.DataFrame:

@@ -1,6 +1,6 @@
 """Synthetic axial head-CT slices in HU: skull, brain, ventricles, look-alikes and acute bleeds, then a noisy scan.
 
-Anatomy is drawn in numpy on a pixel grid from a `numpy.random.Generator`; `vit_ct.scanner` adds the CT physics.
+Anatomy is drawn in numpy on a pixel grid from a `numpy.random.Generator`; `vit_ct.sim.scanner` adds the CT physics.
 """
 
 import math
@@ -10,7 +10,7 @@ from enum import IntEnum
 import numpy as np
 import torch
 
-from vit_ct.scanner import FILTER_NAMES, simulate_acquisition
+from vit_ct.sim.scanner import FILTER_NAMES, simulate_acquisition
 
 BLEED_TYPES = ("none", "intraparenchymal", "subdural", "epidural")
 
@@ -46,7 +46,7 @@ class PhantomConfig:
         small_fraction: share of bleeds only a few mm across or thick (hard cases).
         lookalike_probability: chance of each bright look-alike (pineal / choroid plexus / falx calcification).
         photons_per_ray_range: dose, unattenuated photons per detector bin and view, drawn log-uniformly.
-        kernels: reconstruction filters drawn uniformly (see `vit_ct.scanner.fourier_filter`).
+        kernels: reconstruction filters drawn uniformly (see `vit_ct.sim.scanner.fourier_filter`).
         beam_hardening: strength of the bone beam-hardening term (0 disables it; costs ~20% more time).
     """
 

@@ -1,7 +1,7 @@
 """Read one CT slice (DICOM, NIfTI or .npy) as float32 Hounsfield units, and lesion masks of the same size.
 
 Every slice comes back rows x columns as a DICOM viewer shows it: rows toward posterior, columns toward patient left.
-The DICOM part lives in `vit_ct.dicom`; this module picks the reader by file kind and handles NIfTI, .npy and PNG.
+The DICOM part lives in `vit_ct.data.dicom`; this module picks the reader by file kind and handles NIfTI, .npy and PNG.
 """
 
 from __future__ import annotations
@@ -11,10 +11,12 @@ from pathlib import Path
 
 import nibabel as nib
 import numpy as np
+import pydicom
 from PIL import Image
 
-from vit_ct.dicom import AIR_HU, load_dicom, probe_dicom
-from vit_ct.filecheck import UnreadableFileError, check_file, frame_index
+from vit_ct.data.dicom import load_dicom, pixel_spacing, probe_dicom
+from vit_ct.data.filecheck import UnreadableFileError, check_file, frame_index
+from vit_ct.data.windows import AIR_HU
 
 __all__ = ["AIR_HU", "UnreadableFileError", "load_ct_slice", "load_mask", "probe_ct_slice", "probe_mask"]
 
@@ -165,6 +167,26 @@ def load_ct_slice(path: str | os.PathLike, frame: int | None = None) -> np.ndarr
     else:
         raise UnreadableFileError(p, "PNG holds display grey levels, not HU; give DICOM, NIfTI or .npy in HU")
     return np.ascontiguousarray(_finite(p, hu.astype(np.float32, copy=False)))
+
+
+def read_pixel_spacing(path: str | os.PathLike, frame: int | None = None) -> tuple[float, float] | None:
+    """In-plane pixel spacing of a slice in mm, (rows, columns), from the file's header: DICOM PixelSpacing (or the
+    enhanced-CT functional groups), NIfTI voxel sizes of the slice's two axes; None for `.npy` or a header without it
+    (callers then assume a field of view)."""
+    p = check_file(path)
+    kind = _kind(p)
+    if kind == "dicom":
+        try:
+            ds = pydicom.dcmread(p, stop_before_pixels=True, force=True)
+        except Exception as e:
+            raise UnreadableFileError(p, f"cannot read the DICOM header ({type(e).__name__}: {e})") from None
+        return pixel_spacing(ds, frame or 0)
+    if kind == "nifti":
+        zooms = _nifti(p).header.get_zooms()
+        if len(zooms) < 2 or not all(z > 0 for z in zooms[:2]):
+            return None
+        return float(zooms[0]), float(zooms[1])  # order is immaterial to the callers, which use the mean
+    return None
 
 
 def probe_ct_slice(path: str | os.PathLike, frame: int | None = None) -> tuple[int, int]:

@@ -1,5 +1,5 @@
 """Record the attention of a timm ViT with removable hooks, for attention rollout
-(Abnar & Zuidema 2020, arXiv:2005.00928). Hook code only: the maths is in `vit_ct.rollout`.
+(Abnar & Zuidema 2020, arXiv:2005.00928). Hook code only: the maths is in `vit_ct.explain.rollout`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 from timm.models.vision_transformer import ParallelScalingBlock, VisionTransformer
 from torch import nn
 
-from vit_ct.rollout import HEAD_FUSIONS, HeadFusion, fuse_heads
+from vit_ct.explain.rollout import HEAD_FUSIONS, HeadFusion, fuse_heads
 
 # timm modules whose unfused path is `softmax -> attn_drop -> @ v`, so the input of `attn_drop` is the attention
 # probabilities. DiffAttention is left out on purpose: the input of its `attn_drop` is a difference of softmaxes.

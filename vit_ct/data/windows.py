@@ -1,6 +1,6 @@
 """CT display windows: map Hounsfield units to [0, 1] and stack several windows as channels.
 
-A window (centre C, width W) maps [C - W/2, C + W/2] linearly to [0, 1] and clips outside (DOMAIN.md).
+A window (centre C, width W) maps [C - W/2, C + W/2] linearly to [0, 1] and clips outside (head-CT presets below).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ WINDOW_PRESETS: dict[str, tuple[float, float]] = {
     "bone": (600, 2800),
     "stroke": (32, 8),
 }
+AIR_HU = -1000.0  # air; also what DICOM pixel padding (outside the scan circle) and padding to square become
 
 
 def window_hu(hu: np.ndarray | torch.Tensor, center: float, width: float) -> np.ndarray | torch.Tensor:

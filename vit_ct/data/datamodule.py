@@ -1,7 +1,7 @@
 """CT slices listed in a manifest CSV, as windowed tensors on the model grid, in typed batches.
 
-``CTSliceDataModule`` reads the user's own manifest; ``SyntheticCTDataModule`` first builds the synthetic
-head-CT set on disk (once) and then reads its manifest through exactly the same path.
+``CTSliceDataModule`` reads the user's own manifest (the built-in synthetic set's data module,
+:class:`vit_ct.sim.synthetic.SyntheticCTDataModule`, reads the set it generates through exactly this path).
 """
 
 from __future__ import annotations
@@ -21,16 +21,14 @@ from monai.data.utils import worker_init_fn
 from rich.progress import track
 from torch.utils.data import DataLoader, Dataset, WeightedRandomSampler
 
-from vit_ct.distributed import EpochShuffleSampler, MarkedPaddingSampler, ResumableDataLoader, decode_index, global_seed
-from vit_ct.grid import to_model_grid
-from vit_ct.manifest import assign_splits, check_label_range, read_manifest, validate_manifest_files, write_bad_files
-from vit_ct.phantom import PhantomConfig
-from vit_ct.reader import load_ct_slice, load_mask
-from vit_ct.windows import parse_windows, stack_windows
+from vit_ct.data.distributed import EpochShuffleSampler, MarkedPaddingSampler, ResumableDataLoader, decode_index, global_seed
+from vit_ct.data.grid import to_model_grid
+from vit_ct.data.manifest import assign_splits, check_label_range, read_manifest, validate_manifest_files, write_bad_files
+from vit_ct.data.reader import load_ct_slice, load_mask, read_pixel_spacing
+from vit_ct.data.splits import SPLIT_FRACTIONS
+from vit_ct.data.windows import AIR_HU, parse_windows, stack_windows
 
-AIR_HU = -1000.0
 HEAD_HU = -300.0  # above it: tissue, not air (fat is -100)
-SPLITS = ("train", "val", "test")
 Window = str | tuple[float, float]
 
 
@@ -45,6 +43,7 @@ class CTBatch(TypedDict):
     index: torch.Tensor  # (B,) row of the split's table
     valid: torch.Tensor  # (B,) bool: False on a repeat that pads a DDP shard (metrics skip it)
     source_shape: torch.Tensor  # (B, 2) rows, columns of the source slice
+    pixel_spacing_mm: torch.Tensor  # (B,) mm per model-grid pixel; NaN where the file gives no spacing
 
 
 def _frame(row: pd.Series) -> int | None:
@@ -60,6 +59,7 @@ def slice_item(
     index: int,
     windows: Sequence[tuple[float, float]],
     img_size: int,
+    pixel_spacing_mm: tuple[float, float] | None = None,
 ) -> dict:
     """One slice as a :class:`CTBatch` item (all keys but ``valid``) on the model grid.
 
@@ -70,6 +70,7 @@ def slice_item(
         index: Row of the split's table.
         windows: HU windows, one channel each.
         img_size: Side of the model input.
+        pixel_spacing_mm: The source slice's (row, column) spacing in mm; None when unknown.
     """
     rows, cols = hu.shape
     has_mask = mask is not None
@@ -89,14 +90,23 @@ def slice_item(
         "label": label,
         "index": torch.tensor(index),
         "source_shape": torch.tensor([rows, cols]),
+        "pixel_spacing_mm": torch.tensor(model_grid_spacing(pixel_spacing_mm, (rows, cols), img_size)),
     }
+
+
+def model_grid_spacing(spacing_mm: tuple[float, float] | None, shape: tuple[int, int], img_size: int) -> float:
+    """mm per pixel of the model grid: the slice is padded to a square of its longer side, then resized to
+    ``img_size``. The mean of row and column spacing (they differ little in CT); NaN when the spacing is unknown."""
+    if spacing_mm is None:
+        return math.nan
+    return (spacing_mm[0] + spacing_mm[1]) / 2 * max(shape) / img_size
 
 
 class CTSliceDataset(Dataset):
     """Rows of a manifest table as :class:`CTBatch` items.
 
     Args:
-        table: Rows of one split (see :func:`vit_ct.manifest.read_manifest`).
+        table: Rows of one split (see :func:`vit_ct.data.manifest.read_manifest`).
         windows: HU windows, one channel each.
         img_size: Side of the model input.
         label_columns: Multi-label columns; None reads ``label``.
@@ -138,7 +148,10 @@ class CTSliceDataset(Dataset):
             label = torch.tensor(row[self.label_columns].astype("Int64").fillna(-1).to_numpy(dtype=np.int64))
         else:
             label = torch.tensor(-1 if pd.isna(row["label"]) else int(row["label"]))
-        item = slice_item(hu, mask, label=label, index=index, windows=self.windows, img_size=self.img_size)
+        spacing = read_pixel_spacing(row["image"], frame=_frame(row))
+        item = slice_item(
+            hu, mask, label=label, index=index, windows=self.windows, img_size=self.img_size, pixel_spacing_mm=spacing
+        )
         if self._cache is not None:
             self._cache[index] = item
         return item
@@ -154,7 +167,7 @@ class CTSliceDataset(Dataset):
                 self.load(index)
 
     def __getitem__(self, index: int) -> CTBatch:
-        index, valid = decode_index(index)  # a DDP padding repeat arrives as -1 - index (vit_ct.distributed)
+        index, valid = decode_index(index)  # a DDP padding repeat arrives as -1 - index (vit_ct.data.distributed)
         item = dict(self.load(index), valid=torch.tensor(valid))
         if self.transform is not None:
             out = self.transform({"image": item["image"], "mask": item["mask"], "head": item["head"]})
@@ -220,7 +233,7 @@ class CTSliceDataModule(L.LightningDataModule):
         num_workers: int = 2,
         augment: bool = True,
         cache: bool = True,
-        split_fractions: tuple[float, float, float] = (0.7, 0.15, 0.15),
+        split_fractions: tuple[float, float, float] = SPLIT_FRACTIONS,
         split_seed: int = 0,
         predict_split: Literal["train", "val", "test"] | None = None,
         on_bad_file: Literal["raise", "skip"] = "raise",
@@ -291,24 +304,20 @@ class CTSliceDataModule(L.LightningDataModule):
         if num_classes is not None:
             check_label_range(table, num_classes)
 
-    def _report_bad_rows(self) -> None:
-        """Write the rows ``on_bad_file="skip"`` left out to ``bad_files.csv`` in the run folder (beside the manifest
-        without a trainer), once, and name it in the log."""
-        if not self.bad_rows or self.bad_rows_report is not None:
-            return
-        if self.trainer is not None:
-            from vit_ct.cli import run_dir  # the run folder, known here: Lightning starts the logger before setup
+    def report_bad_rows(self, folder: str | Path) -> Path | None:
+        """Write the rows ``on_bad_file="skip"`` left out to ``folder/bad_files.csv``, once, and name it in the log.
 
-            if not self.trainer.is_global_zero:
-                return
-            folder = run_dir(self.trainer)
-        else:
-            folder = self.manifest_path().resolve().parent
-        self.bad_rows_report = write_bad_files(self.bad_rows, folder / "bad_files.csv")
+        Under ``vit-ct`` the run folder is chosen by a callback of the CLI once the run exists; without a trainer,
+        :meth:`setup` writes it beside the manifest.
+        """
+        if not self.bad_rows or self.bad_rows_report is not None:
+            return self.bad_rows_report
+        self.bad_rows_report = write_bad_files(self.bad_rows, Path(folder) / "bad_files.csv")
         rank_zero_warn(
             f"{len({b.line for b in self.bad_rows})} manifest rows name unusable files and were skipped;"
             f" listed in {self.bad_rows_report}"
         )
+        return self.bad_rows_report
 
     def split_table(self, split: str | None) -> pd.DataFrame:
         table = self.load_table() if self.table is None else self.table  # as `setup` read it (labelled or not)
@@ -348,7 +357,8 @@ class CTSliceDataModule(L.LightningDataModule):
     def setup(self, stage: str) -> None:
         model = self.trainer.lightning_module if self.trainer is not None else None
         self.check(stage, num_classes=getattr(model, "hparams", {}).get("num_classes"))
-        self._report_bad_rows()
+        if self.trainer is None:
+            self.report_bad_rows(self.manifest_path().resolve().parent)
         if stage == "fit":
             self._dataset("train", train=True)
             self._dataset("val")
@@ -408,69 +418,3 @@ class CTSliceDataModule(L.LightningDataModule):
 
     def predict_dataloader(self) -> DataLoader:
         return self._loader(self._dataset(self.predict_split))
-
-
-class SyntheticCTDataModule(CTSliceDataModule):
-    """The built-in synthetic head-CT set: generated once into ``root`` as DICOM + PNG masks + manifest, then
-    read like any manifest.
-
-    Args:
-        root: Folder of the generated set (reused when it already holds one built with the same arguments).
-        n_patients: Synthetic patients (one head each, several slice levels).
-        slices_per_patient: Slices per patient.
-        slice_size: Rows and columns of the generated slices.
-        field_of_view_mm: Side of the reconstructed field of view (230 mm: 0.9 mm pixels at 256).
-        seed: Seed of the generator; the same seed gives byte-identical files.
-        bleed_fraction: Share of slices with an acute bleed.
-        small_fraction: Share of bleeds only a few mm across or thick (the hardest cases).
-        low_contrast_fraction: Share of bleeds in the lowest 10 HU of the acute-blood range (50-60 HU).
-        **kwargs: The arguments of :class:`CTSliceDataModule` (except ``manifest``).
-    """
-
-    def __init__(
-        self,
-        root: str = "data/synthetic",
-        *,
-        n_patients: int = 120,
-        slices_per_patient: int = 8,
-        slice_size: int = 256,
-        field_of_view_mm: float = 230.0,
-        seed: int = 0,
-        bleed_fraction: float = PhantomConfig.bleed_fraction,
-        small_fraction: float = PhantomConfig.small_fraction,
-        low_contrast_fraction: float = PhantomConfig.low_contrast_fraction,
-        **kwargs,
-    ) -> None:
-        super().__init__(manifest=str(Path(root) / "manifest.csv"), **kwargs)
-        self.root = root
-        self.n_patients = n_patients
-        self.slices_per_patient = slices_per_patient
-        self.slice_size = slice_size
-        self.field_of_view_mm = field_of_view_mm
-        self.seed = seed
-        self.bleed_fraction = bleed_fraction
-        self.small_fraction = small_fraction
-        self.low_contrast_fraction = low_contrast_fraction
-
-    def check(self, stage: str, *, num_classes: int | None = None) -> None:
-        # The CLI checks the data before the trainer starts (and before DDP starts other ranks): build the set first.
-        self.prepare_data()
-        super().check(stage, num_classes=num_classes)
-
-    def prepare_data(self) -> None:
-        from vit_ct.synthetic import build_synthetic_dataset
-
-        build_synthetic_dataset(
-            self.root,
-            n_patients=self.n_patients,
-            slices_per_patient=self.slices_per_patient,
-            seed=self.seed,
-            config=PhantomConfig(
-                size=self.slice_size,
-                pixel_spacing_mm=self.field_of_view_mm / self.slice_size,
-                bleed_fraction=self.bleed_fraction,
-                small_fraction=self.small_fraction,
-                low_contrast_fraction=self.low_contrast_fraction,
-            ),
-            split_fractions=self.split_fractions,
-        )

@@ -9,7 +9,7 @@ from matplotlib import colormaps
 from PIL import Image
 from skimage.segmentation import find_boundaries
 
-from vit_ct.windows import window_hu
+from vit_ct.data.windows import window_hu
 
 CONTOUR_RGB = (0, 255, 0)
 

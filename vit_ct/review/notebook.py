@@ -12,10 +12,10 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from vit_ct.review import project_path
-from vit_ct.review_figures import HEADLESS_ENV
+from vit_ct.review.cases import project_path
+from vit_ct.review.figures import HEADLESS_ENV
 
-NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "attention_review.ipynb"
+NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "attention_review.ipynb"
 
 
 @contextlib.contextmanager

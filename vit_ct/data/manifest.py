@@ -1,7 +1,7 @@
 """The manifest CSV that lists a user's own CT slices: read and check it, and check its files (the split by patient
-is `vit_ct.splits`).
+is `vit_ct.data.splits`).
 
-Columns (CONTRACT.md): `image`, `label` (or named label columns), `patient_id`, `split`, `mask`, `slice`.
+Columns (the README's manifest table): `image`, `label` (or named label columns), `patient_id`, `split`, `mask`, `slice`.
 Rows are named by their line number in the CSV file (the header is line 1), as a text editor or spreadsheet shows.
 """
 
@@ -19,8 +19,8 @@ import numpy as np
 import pandas as pd
 from rich.progress import MofNCompleteColumn, Progress
 
-from vit_ct.reader import probe_ct_slice, probe_mask
-from vit_ct.splits import SPLITS, assign_splits, check_patient_splits
+from vit_ct.data.reader import probe_ct_slice, probe_mask
+from vit_ct.data.splits import SPLITS, assign_splits, check_patient_splits
 
 __all__ = [
     "SPLITS",

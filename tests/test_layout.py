@@ -1,0 +1,108 @@
+"""The package's layering, read from the imports (AST), and old ``class_path`` strings that saved configs still hold.
+
+``data`` imports nothing else of vit_ct; ``sim`` only ``data``; ``explain`` only ``data`` (no model, no CLI);
+nothing imports the CLI but ``python -m vit_ct``; no import cycle anywhere.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import yaml
+
+from vit_ct.cli import main
+
+PACKAGE = Path(__file__).resolve().parents[1] / "vit_ct"
+ALLOWED = {"data": {"data"}, "sim": {"data", "sim"}, "explain": {"data", "explain"}}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports() -> dict[str, set[str]]:
+    """Every vit_ct module -> the vit_ct modules it imports (at any depth of its code, lazy imports included)."""
+    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "vit_ct":
+                for alias in node.names:  # `from vit_ct.review import cases` names a module
+                    target = f"{node.module}.{alias.name}"
+                    found.add(target if target in modules else node.module)
+            elif isinstance(node, ast.Import):
+                found |= {a.name for a in node.names if a.name.split(".")[0] == "vit_ct"}
+        graph[name] = found
+    return graph
+
+
+def folder(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or parts[-1] in ALLOWED else None
+
+
+@pytest.mark.parametrize("room", sorted(ALLOWED))
+def test_each_folder_imports_only_the_folders_below_it(room):
+    wrong = {
+        (module, target)
+        for module, targets in imports().items()
+        if folder(module) == room
+        for target in targets
+        if folder(target) not in ALLOWED[room]
+    }
+    assert not wrong, f"{room}/ imports outside {sorted(ALLOWED[room])}: {sorted(wrong)}"
+
+
+def test_nothing_imports_the_cli():
+    importers = {m for m, targets in imports().items() if "vit_ct.cli" in targets}
+    assert importers == {"vit_ct.__main__"}
+
+
+def test_no_import_cycle():
+    """Cycles among modules; the package facade ``vit_ct/__init__.py`` (which re-exports the public names) is left out,
+    since importing any submodule runs it first by design."""
+    graph = {m: {t for t in targets if t != "vit_ct"} for m, targets in imports().items() if m != "vit_ct"}
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> None:
+        if module in path:
+            raise AssertionError("import cycle: " + " -> ".join([*path[path.index(module) :], module]))
+        if module in done:
+            return
+        for target in graph.get(module, ()):
+            visit(target, [*path, module])
+        done.add(module)
+
+    for module in graph:
+        visit(module, [])
+
+
+def test_the_rules_see_a_forbidden_import(tmp_path, monkeypatch):
+    """The walk is real: a data module that imports the model is caught."""
+    bad = PACKAGE / "data" / "_layout_probe.py"
+    try:
+        bad.write_text("def f():\n    from vit_ct.model import ViTClassifier\n")
+        with pytest.raises(AssertionError, match="_layout_probe"):
+            test_each_folder_imports_only_the_folders_below_it("data")
+    finally:
+        bad.unlink()
+
+
+@pytest.mark.parametrize(
+    "class_path",
+    ["vit_ct.simulator.SimulatorDataModule", "vit_ct.datamodule.SyntheticCTDataModule",
+     "vit_ct.datamodule.CTSliceDataModule", "vit_ct.SyntheticCTDataModule"],
+)  # fmt: skip
+def test_class_paths_of_earlier_releases_still_load(tmp_path, capsys, class_path):
+    config = tmp_path / "config.yaml"
+    init_args = {"manifest": "m.csv"} if class_path.endswith("CTSliceDataModule") else {}
+    config.write_text(yaml.safe_dump({"data": {"class_path": class_path, "init_args": init_args}}))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(config), "--print_config"])
+    assert exit_info.value.code in (0, None)
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["data"]["class_path"].split(".")[-1] == class_path.split(".")[-1]

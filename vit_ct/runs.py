@@ -1,0 +1,51 @@
+"""The run folder, in one place: ``runs/<project>/<run id>/`` (checkpoints, config.yaml, summary.json, bad_files.csv)
+and ``runs/latest``, a link to the newest run that finished fitting."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from lightning.pytorch import Trainer
+from lightning.pytorch.loggers import WandbLogger
+
+LATEST_SUMMARY = Path("runs/latest/summary.json")  # from the project folder, where `make demo` runs
+
+
+def run_dir(trainer: Trainer) -> Path:
+    """Folder of this run: ``<save_dir>/<project>/<run id>`` for W&B (where Lightning puts the checkpoints), the
+    logger's own folder for other loggers, ``default_root_dir`` without a logger."""
+    logger = trainer.logger
+    if isinstance(logger, WandbLogger):
+        return Path(logger.save_dir or trainer.default_root_dir) / str(logger.name) / str(logger.version)
+    # `Trainer.log_dir` without its broadcast: this runs in rank-0-only code, where a collective call hangs DDP.
+    if logger is None:
+        return Path(trainer.default_root_dir)
+    return Path(getattr(logger, "log_dir", None) or logger.save_dir or trainer.default_root_dir)
+
+
+def latest_link(trainer: Trainer) -> Path | None:
+    """``<save_dir>/latest`` beside the W&B project folders; None for other loggers or none (no runs tree)."""
+    logger = trainer.logger
+    if isinstance(logger, WandbLogger):
+        return Path(logger.save_dir or trainer.default_root_dir) / "latest"
+    return None
+
+
+def write_summary(trainer: Trainer, summary: dict) -> Path:
+    """``summary.json`` into the run folder (atomically), then ``latest`` pointed at the run (atomically too, so it
+    always points at a complete run). Rank 0 only."""
+    folder = run_dir(trainer)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "summary.json"
+    tmp = path.with_name(f".summary.json.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(summary, indent=2))
+    tmp.replace(path)
+    latest = latest_link(trainer)
+    if latest is not None and (latest.is_symlink() or not latest.exists()):  # never replace a real folder
+        tmp = latest.with_name(f".latest.{os.getpid()}.tmp")
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(folder.resolve(), target_is_directory=True)
+        tmp.replace(latest)
+    return path
