@@ -131,3 +131,23 @@ def test_without_validation_last_is_every_epochs_end(tmp_path):
     assert probe.validated == []
     assert probe.seen[BATCHES_PER_EPOCH][0] == BATCHES_PER_EPOCH  # first step of epoch 1: epoch 0's state
     assert_last_is_final_state(tmp_path, trainer, model)
+
+
+def test_the_lightning_internals_vit_ct_relies_on_still_exist():
+    """vit-ct reaches into a few private Lightning names; an upgrade that renames one fails here, by name, instead of
+    silently changing behaviour (``getattr(..., None)`` would hide it)."""
+    from lightning.pytorch.cli import LightningCLI
+    from lightning.pytorch.loops import _FitLoop
+
+    # BestAndLastCheckpoint: when Lightning saves (train epoch end vs validation end), whether it already saved at
+    # this step, and how it writes last.ckpt with the monitored values.
+    for name in ("_should_save_on_train_epoch_end", "_should_skip_saving_checkpoint", "_save_last_checkpoint",
+                 "_monitor_candidates"):  # fmt: skip
+        assert callable(getattr(BestAndLastCheckpoint, name, None)), name
+    # ResumeState: the fit loop's pending loader state, applied at on_train_start so that a resumed epoch continues
+    # the interrupted data order (Lightning 2.6 restores it only for loaders built after the restore).
+    assert callable(getattr(_FitLoop, "_load_combined_loader_states", None))
+    trainer = L.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False)
+    assert hasattr(trainer.fit_loop, "_combined_loader_states_to_load")
+    # VitCTCLI.instantiate_trainer: the user's --trainer.plugins, read from the instantiated config.
+    assert callable(getattr(LightningCLI, "_get", None))

@@ -12,7 +12,6 @@ new length from the current step).
 
 from __future__ import annotations
 
-import os
 import random
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,8 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import WandbLogger
+
+from vit_ct.data.filecheck import atomic_write
 
 WANDB_RUN_ID = "wandb_run_id"  # top-level checkpoint key
 
@@ -38,33 +39,13 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
         if storage_options is not None or "://" in str(path):  # remote (fsspec) paths keep Lightning's writer
             return super().save_checkpoint(checkpoint, path, storage_options)
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            with open(tmp, "wb") as f:
-                torch.save(checkpoint, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
-        _fsync_dir(path.parent)  # make the rename itself durable
+        with atomic_write(path, durable=True) as tmp:
+            torch.save(checkpoint, tmp)
 
     def load_checkpoint(self, path, map_location: Any = lambda storage, loc: storage, weights_only: bool | None = None):
         if weights_only is False:
             raise ValueError(f"vit-ct loads checkpoints with weights_only=True only (asked to unpickle {path})")
         return super().load_checkpoint(path, map_location=map_location, weights_only=True)
-
-
-def _fsync_dir(folder: Path) -> None:
-    if os.name != "posix":
-        return
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def read_wandb_run_id(path: str | Path) -> str | None:

@@ -18,9 +18,8 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from timm.optim import param_groups_layer_decay, param_groups_weight_decay
 from torch import nn
 
-from vit_ct.explain.attention import patch_grid, record_attention
 from vit_ct.explain.localisation import MAP_SOURCES, LocalisationMetrics, localisation_maps, model_grid_spacing_mm
-from vit_ct.explain.rollout import class_token_rollout
+from vit_ct.explain.maps import rollout_with_output
 from vit_ct.metrics import classification_metrics
 from vit_ct.stem import ConvStemPatchEmbed
 from vit_ct.weights import load_weights
@@ -294,18 +293,12 @@ class ViTClassifier(L.LightningModule):
     def explain(self, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits and attention rollout ``(B, grid_h, grid_w)`` of a batch, from one forward pass.
 
-        Heads are fused inside the hook and only the class token's row is propagated, so large slices fit.
+        Heads are fused inside the hook and only the class token's row is propagated, so large slices fit
+        (:func:`vit_ct.explain.maps.rollout_with_output`, with this model's rollout settings).
         """
-        with record_attention(self.vit, head_fusion=self.hparams.rollout_head_fusion) as attentions:
-            logits = self(image)
-        rollout = class_token_rollout(
-            attentions,
-            head_fusion=self.hparams.rollout_head_fusion,
-            discard_ratio=self.hparams.rollout_discard_ratio,
-            num_prefix_tokens=self.vit.num_prefix_tokens,
-            grid_size=patch_grid(self.vit, image.shape),
+        return rollout_with_output(
+            self, image, head_fusion=self.hparams.rollout_head_fusion, discard_ratio=self.hparams.rollout_discard_ratio
         )
-        return logits, rollout.float()
 
     def predict_step(self, batch: dict, batch_idx: int) -> dict[str, torch.Tensor]:
         logits, rollout = self.explain(batch["image"])

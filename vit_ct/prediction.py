@@ -11,14 +11,11 @@ import numpy as np
 import pandas as pd
 from lightning.pytorch.callbacks import BasePredictionWriter
 
+from vit_ct.data.filecheck import atomic_write
 from vit_ct.data.grid import to_source_grid
+from vit_ct.data.manifest import manifest_frame
 from vit_ct.data.reader import load_ct_slice, load_mask
 from vit_ct.explain.overlay import render_overlay, save_png
-
-
-def _frame(row: pd.Series) -> int | None:
-    value = row.get("slice")
-    return None if value is None or pd.isna(value) else int(value)
 
 
 def _slug(text: str) -> str:
@@ -30,10 +27,8 @@ def _slug(text: str) -> str:
 
 def save_npy(array: np.ndarray, path: Path) -> None:
     """Write a ``.npy`` atomically."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
+    with atomic_write(path) as tmp, open(tmp, "wb") as f:
         np.save(f, array)
-    tmp.replace(path)
 
 
 class PredictionWriter(BasePredictionWriter):
@@ -67,8 +62,8 @@ class PredictionWriter(BasePredictionWriter):
             stem = f"{index:06d}_{_slug(row['image_ref'])}"
             map_path, overlay_path = Path("maps") / f"{stem}.npy", Path("overlays") / f"{stem}.png"
             save_npy(heat.astype(np.float32), self.output_dir / map_path)
-            hu = load_ct_slice(row["image"], frame=_frame(row))
-            mask = load_mask(row["mask"], frame=_frame(row)) if isinstance(row.get("mask"), str) else None
+            hu = load_ct_slice(row["image"], frame=manifest_frame(row))
+            mask = load_mask(row["mask"], frame=manifest_frame(row)) if isinstance(row.get("mask"), str) else None
             save_png(render_overlay(hu, heat, mask, window=self.window), self.output_dir / overlay_path)
             record = {"index": index, "image": row["image_ref"]}
             prob = prediction["prob"][i].float().cpu()
@@ -94,9 +89,8 @@ class PredictionWriter(BasePredictionWriter):
             frames = [pd.read_csv(p) for p in parts if p.stat().st_size > 1]
             # A distributed sampler repeats a few slices to even out the ranks: keep each slice once.
             table = pd.concat(frames).drop_duplicates("index").sort_values("index").drop(columns="index")
-            tmp = self.output_dir / ".predictions.csv.tmp"
-            table.to_csv(tmp, index=False)
-            tmp.replace(self.output_dir / "predictions.csv")
+            with atomic_write(self.output_dir / "predictions.csv") as tmp:
+                table.to_csv(tmp, index=False)
             for p in parts:
                 p.unlink()
         trainer.strategy.barrier()

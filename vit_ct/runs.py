@@ -10,6 +10,8 @@ from pathlib import Path
 from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import WandbLogger
 
+from vit_ct.data.filecheck import atomic_write
+
 LATEST_SUMMARY = Path("runs/latest/summary.json")  # from the project folder, where `make demo` runs
 
 
@@ -39,9 +41,8 @@ def write_summary(trainer: Trainer, summary: dict) -> Path:
     folder = run_dir(trainer)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "summary.json"
-    tmp = path.with_name(f".summary.json.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(summary, indent=2))
-    tmp.replace(path)
+    with atomic_write(path) as tmp:
+        tmp.write_text(json.dumps(summary, indent=2))
     latest = latest_link(trainer)
     if latest is not None and (latest.is_symlink() or not latest.exists()):  # never replace a real folder
         tmp = latest.with_name(f".latest.{os.getpid()}.tmp")

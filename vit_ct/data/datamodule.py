@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, Dataset, WeightedRandomSampler
 
 from vit_ct.data.distributed import EpochShuffleSampler, MarkedPaddingSampler, ResumableDataLoader, decode_index, global_seed
 from vit_ct.data.grid import to_model_grid
-from vit_ct.data.manifest import assign_splits, check_label_range, read_manifest, validate_manifest_files, write_bad_files
+from vit_ct.data.manifest import manifest_frame, assign_splits, check_label_range, read_manifest, validate_manifest_files, write_bad_files
 from vit_ct.data.reader import load_ct_slice, load_mask, read_pixel_spacing
 from vit_ct.data.splits import SPLIT_FRACTIONS
 from vit_ct.data.windows import AIR_HU, parse_windows, stack_windows
@@ -44,11 +44,6 @@ class CTBatch(TypedDict):
     valid: torch.Tensor  # (B,) bool: False on a repeat that pads a DDP shard (metrics skip it)
     source_shape: torch.Tensor  # (B, 2) rows, columns of the source slice
     pixel_spacing_mm: torch.Tensor  # (B,) mm per model-grid pixel; NaN where the file gives no spacing
-
-
-def _frame(row: pd.Series) -> int | None:
-    value = row.get("slice")
-    return None if value is None or pd.isna(value) else int(value)
 
 
 def slice_item(
@@ -139,16 +134,16 @@ class CTSliceDataset(Dataset):
         if self._cache is not None and index in self._cache:
             return self._cache[index]
         row = self.table.iloc[index]
-        hu = load_ct_slice(row["image"], frame=_frame(row))
+        hu = load_ct_slice(row["image"], frame=manifest_frame(row))
         mask_path = row.get("mask")
         has_mask = isinstance(mask_path, str) and bool(mask_path)
-        mask = load_mask(mask_path, frame=_frame(row)) if has_mask else None
+        mask = load_mask(mask_path, frame=manifest_frame(row)) if has_mask else None
         if self.label_columns:
             # int64, as torchmetrics wants its targets; the loss takes them as float
             label = torch.tensor(row[self.label_columns].astype("Int64").fillna(-1).to_numpy(dtype=np.int64))
         else:
             label = torch.tensor(-1 if pd.isna(row["label"]) else int(row["label"]))
-        spacing = read_pixel_spacing(row["image"], frame=_frame(row))
+        spacing = read_pixel_spacing(row["image"], frame=manifest_frame(row))
         item = slice_item(
             hu, mask, label=label, index=index, windows=self.windows, img_size=self.img_size, pixel_spacing_mm=spacing
         )

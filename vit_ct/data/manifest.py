@@ -20,7 +20,7 @@ import pandas as pd
 from rich.progress import MofNCompleteColumn, Progress
 
 from vit_ct.data.reader import probe_ct_slice, probe_mask
-from vit_ct.data.splits import SPLITS, assign_splits, check_patient_splits
+from vit_ct.data.splits import SPLITS, assign_splits, check_patient_splits, list_lines
 
 __all__ = [
     "SPLITS",
@@ -32,7 +32,6 @@ __all__ = [
     "write_bad_files",
 ]
 
-_MAX_LISTED = 20  # lines named per problem in one error message
 
 
 class BadFile(NamedTuple):
@@ -44,9 +43,10 @@ class BadFile(NamedTuple):
     reason: str
 
 
-def _lines(values: Sequence[int]) -> str:
-    shown = ", ".join(str(v) for v in values[:_MAX_LISTED])
-    return shown + (f" (and {len(values) - _MAX_LISTED} more)" if len(values) > _MAX_LISTED else "")
+def manifest_frame(row: pd.Series) -> int | None:
+    """The row's ``slice`` (frame of a multi-frame DICOM, index along the last axis of a volume), None if empty."""
+    value = row.get("slice")
+    return None if value is None or pd.isna(value) else int(value)
 
 
 def _read_rows(path: Path) -> tuple[list[str], list[list[str]], list[int]]:
@@ -71,7 +71,7 @@ def _read_rows(path: Path) -> tuple[list[str], list[list[str]], list[int]]:
         raise ValueError(f"manifest {path} is empty; expected a CSV with a header row such as image,label,patient_id")
     bad = [line for line, row in zip(lines, rows, strict=True) if len(row) > len(header)]
     if bad:
-        raise ValueError(f"manifest {path}: lines {_lines(bad)} have more fields than the header ({len(header)})")
+        raise ValueError(f"manifest {path}: lines {list_lines(bad)} have more fields than the header ({len(header)})")
     return header, rows, lines
 
 
@@ -94,7 +94,7 @@ def _integers(df: pd.DataFrame, column: str, path: Path, *, allowed: str, valid,
         else:
             values.append(int(number))
     if bad:
-        raise ValueError(f"manifest {path}: column '{column}' must hold {allowed}; bad value on lines {_lines(bad)}")
+        raise ValueError(f"manifest {path}: column '{column}' must hold {allowed}; bad value on lines {list_lines(bad)}")
     return pd.Series(values, index=df.index, dtype="Int64")
 
 
@@ -159,7 +159,7 @@ def read_manifest(
     need("image", "(path of each slice)")
     empty = [line for text, line in zip(df["image"], lines, strict=True) if text == ""]
     if empty:
-        raise ValueError(f"manifest {path}: empty 'image' on lines {_lines(empty)}")
+        raise ValueError(f"manifest {path}: empty 'image' on lines {list_lines(empty)}")
     folder = path.resolve().parent
     df["image_ref"] = df["image"]
     df["image"] = _resolve(df["image"], folder)
@@ -195,7 +195,7 @@ def read_manifest(
         unknown = [line for s, line in zip(df["split"], lines, strict=True) if s is not None and s not in SPLITS]
         if unknown:
             raise ValueError(
-                f"manifest {path}: 'split' must be one of {', '.join(SPLITS)} or empty; bad on lines {_lines(unknown)}"
+                f"manifest {path}: 'split' must be one of {', '.join(SPLITS)} or empty; bad on lines {list_lines(unknown)}"
             )
         check_patient_splits(df, f"manifest {path}")
     df.attrs["label_columns"] = label_columns
@@ -296,7 +296,7 @@ def check_label_range(df: pd.DataFrame, num_classes: int, *, option: str = "--mo
         where = f"manifest {df.attrs.get('manifest', '')}"
         raise ValueError(
             f"{where}: labels must be 0..{num_classes - 1} for num_classes={num_classes}"
-            f" but reach {int(labels[over].max())} on lines {_lines(lines)}; set {option} {int(labels.max()) + 1}"
+            f" but reach {int(labels[over].max())} on lines {list_lines(lines)}; set {option} {int(labels.max()) + 1}"
             " or fix those rows"
         )
 

@@ -7,6 +7,7 @@ The DICOM part lives in `vit_ct.data.dicom`; this module picks the reader by fil
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import nibabel as nib
@@ -110,10 +111,17 @@ def _probe_nifti(path: Path, frame: int | None, *, any_frame_if_2d: bool = False
 # ---------------------------------------------------------------------------------------------------------- .npy
 
 
+# numpy parses a .npy header with `ast.literal_eval`, which on CPython 3.11 fails now and then with "SystemError: AST
+# constructor recursion depth mismatch" when several threads parse at once (CPython gh-106905, fixed in 3.12), and the
+# manifest check reads files in threads: one header at a time.
+_NPY_HEADER_LOCK = threading.Lock()
+
+
 def _npy(path: Path, frame: int | None, kinds: str, *, any_frame_if_2d: bool = False) -> np.ndarray:
     """One (rows, columns) slice of a 2-D array or of a 3-D array along its last axis, memory-mapped."""
     try:
-        arr = np.load(path, mmap_mode="r", allow_pickle=False)
+        with _NPY_HEADER_LOCK:  # memory-mapped: only the header is parsed here
+            arr = np.load(path, mmap_mode="r", allow_pickle=False)
     except Exception as e:
         raise UnreadableFileError(path, f"not a readable .npy array ({type(e).__name__}: {e})") from None
     if arr.dtype.kind not in kinds:

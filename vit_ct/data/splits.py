@@ -12,10 +12,11 @@ import pandas as pd
 
 SPLITS = ("train", "val", "test")
 SPLIT_FRACTIONS = (0.7, 0.15, 0.15)  # train / val / test shares of the patients when a manifest names no split
-_MAX_LISTED = 20  # lines named per patient in one error message
+_MAX_LISTED = 20  # line numbers named in one error message
 
 
-def _lines(values: Sequence[int]) -> str:
+def list_lines(values: Sequence[int]) -> str:
+    """Line numbers for an error message, the first 20 named and the rest counted."""
     shown = ", ".join(str(v) for v in values[:_MAX_LISTED])
     return shown + (f" (and {len(values) - _MAX_LISTED} more)" if len(values) > _MAX_LISTED else "")
 
@@ -28,7 +29,7 @@ def check_patient_splits(df: pd.DataFrame, where: str) -> None:
     problems = []
     for patient, group in given.groupby("patient_id", sort=True):
         if group["split"].nunique() > 1:
-            splits = ", ".join(f"{s} (lines {_lines(list(g['manifest_line']))})" for s, g in group.groupby("split"))
+            splits = ", ".join(f"{s} (lines {list_lines(list(g['manifest_line']))})" for s, g in group.groupby("split"))
             problems.append(f"patient {patient!r}: {splits}")
     if problems:
         raise ValueError(f"{where}: patients appear in more than one split:\n  " + "\n  ".join(problems))

@@ -14,28 +14,39 @@ from vit_ct.explain.rollout import HeadFusion, class_token_rollout, gradient_rol
 def explain_rollout(
     model: nn.Module, images: torch.Tensor, *, head_fusion: HeadFusion = "mean", discard_ratio: float = 0.0
 ) -> torch.Tensor:
-    """Attention-rollout maps of a batch, the memory-lean way: heads fused in the hook, class-token row only.
+    """Attention-rollout maps of a batch (:func:`rollout_with_output` without the model's output)."""
+    return rollout_with_output(model, images, head_fusion=head_fusion, discard_ratio=discard_ratio)[1]
+
+
+def rollout_with_output(
+    model: nn.Module, images: torch.Tensor, *, head_fusion: HeadFusion = "mean", discard_ratio: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's output and attention-rollout maps of a batch from one forward pass, the memory-lean way: heads
+    fused in the hook, class-token row only. The one rollout path of vit-ct (training metrics, predict, review).
 
     Call `model.eval()` first, or attention dropout makes the maps random.
 
     Args:
-        model: a timm `VisionTransformer` or a module holding one whose forward takes `images`.
+        model: a timm `VisionTransformer` or a module holding one (e.g. a LightningModule) whose forward takes
+            `images`.
         images: `(B, C, H, W)` input batch, as the model takes it.
         head_fusion: `mean`, `max` or `min` over the heads of each block.
         discard_ratio: fraction in [0, 1) of each image's lowest patch-to-patch weights zeroed per block.
 
     Returns:
-        `(B, grid_h, grid_w)` float32 maps, non-negative, on the device of `images`.
+        `(output, maps)`: what `model(images)` returns, and `(B, grid_h, grid_w)` float32 maps, non-negative, on the
+        device of `images`.
     """
     with torch.no_grad(), record_attention(model, head_fusion=head_fusion) as attentions:
-        model(images)
-    return class_token_rollout(
+        output = model(images)
+    maps = class_token_rollout(
         attentions,
         head_fusion=head_fusion,
         discard_ratio=discard_ratio,
         num_prefix_tokens=num_prefix_tokens(model),
         grid_size=patch_grid(model, images.shape),
-    ).float()
+    )
+    return output, maps.float()
 
 
 def _target_logit(logits: torch.Tensor, target: int | torch.Tensor | None) -> torch.Tensor:

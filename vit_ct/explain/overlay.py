@@ -9,6 +9,7 @@ from matplotlib import colormaps
 from PIL import Image
 from skimage.segmentation import find_boundaries
 
+from vit_ct.data.filecheck import atomic_write
 from vit_ct.data.windows import window_hu
 
 CONTOUR_RGB = (0, 255, 0)
@@ -50,7 +51,5 @@ def render_overlay(
 
 def save_png(rgb: np.ndarray, path: str | Path) -> None:
     """Write an RGB image atomically (a crash never leaves a truncated PNG behind)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    Image.fromarray(rgb).save(tmp, format="PNG")
-    tmp.replace(path)
+    with atomic_write(path) as tmp:
+        Image.fromarray(rgb).save(tmp, format="PNG")

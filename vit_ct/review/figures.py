@@ -12,6 +12,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from vit_ct.data.datamodule import CTSliceDataModule
+from vit_ct.data.filecheck import atomic_write
 from vit_ct.data.windows import WINDOW_PRESETS, parse_windows
 from vit_ct.explain.overlay import render_overlay
 from vit_ct.model import ViTClassifier
@@ -191,12 +192,9 @@ def plot_windows(
 
 def save_figure(fig: Figure, path: str | os.PathLike, *, dpi: int = 100) -> Path:
     """Write a figure as PNG, atomically (no truncated file after a crash); returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, format="png", dpi=dpi)
-    tmp.replace(path)
-    return path
+    with atomic_write(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=dpi)
+    return Path(path)
 
 
 # --- browsing -------------------------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ RESCALE_INTERCEPT = -1024  # HU of stored value 0
 PIXEL_PADDING_VALUE = -2000  # stored value outside the scan circle
 HEAD_HEIGHT_MM = 100.0  # axial extent covered by slice levels 0 to 1
 SLICE_THICKNESS_MM = 5.0
+N_PATIENTS, SLICES_PER_PATIENT = 120, 8  # the demo's set: 960 slices
 _FORMAT_VERSION = 1
 
 
@@ -49,8 +50,8 @@ def _description(n_patients, slices_per_patient, seed, config, split_fractions) 
 def build_synthetic_dataset(
     root: str | os.PathLike,
     *,
-    n_patients: int = 48,
-    slices_per_patient: int = 8,
+    n_patients: int = N_PATIENTS,
+    slices_per_patient: int = SLICES_PER_PATIENT,
     seed: int = 0,
     config: PhantomConfig = PhantomConfig(),  # noqa: B008 (frozen dataclass: immutable default)
     split_fractions: tuple[float, float, float] = SPLIT_FRACTIONS,
@@ -322,8 +323,8 @@ class SyntheticCTDataModule(CTSliceDataModule):
         self,
         root: str = "data/synthetic",
         *,
-        n_patients: int = 120,
-        slices_per_patient: int = 8,
+        n_patients: int = N_PATIENTS,
+        slices_per_patient: int = SLICES_PER_PATIENT,
         slice_size: int = 256,
         field_of_view_mm: float = 230.0,
         seed: int = 0,
