@@ -103,67 +103,68 @@ class ViTClassifier(L.LightningModule):
         super().__init__()
         if num_classes is None:  # multi-label: one output per named label
             num_classes = len(class_names) if multilabel and class_names else 2
-        if num_classes < 1 or (num_classes < 2 and not multilabel):
-            raise ValueError(f"num_classes must be >= 2 (or >= 1 with multilabel), got {num_classes}")
-        if img_size % patch_size:
-            raise ValueError(f"img_size ({img_size}) must be a multiple of patch_size ({patch_size})")
-        if class_names is not None and len(class_names) != num_classes:
-            raise ValueError(
-                f"class_names has {len(class_names)} names (multi-label: from data.label_columns) for"
-                f" num_classes={num_classes}; set --model.num_classes {len(class_names)}, or leave it unset"
-            )
-        if class_weights is not None and len(class_weights) != num_classes:
-            raise ValueError(f"class_weights has {len(class_weights)} values for num_classes={num_classes}")
+        _check_arguments(num_classes, multilabel, img_size, patch_size, class_names, class_weights, arch)
         # `weights` is a start point, not part of the model: a checkpoint must load without that file.
         self.save_hyperparameters(ignore=["optimizer", "scheduler", "weights"])
         self.hparams.num_classes = num_classes  # resolved (the CLI hands its own config to save_hyperparameters)
-        overrides = {"embed_dim": embed_dim, "depth": depth, "num_heads": num_heads}
-        if not timm.is_model(arch) or not arch.startswith(("vit_", "deit")):
-            raise ValueError(f"arch {arch!r} is not a timm Vision Transformer (e.g. vit_tiny_patch16_224)")
+        self.task = "multilabel" if multilabel else ("binary" if num_classes == 2 else "multiclass")
+        self.configure_network()
+        self.configure_losses()
+        self.configure_metrics()
+        self.optimizer_factory = optimizer
+        self.scheduler_factory = scheduler
+        if weights:
+            load_weights(self, weights, vit=self.vit)
+
+    def configure_network(self) -> None:
+        """The timm ViT (conv stem or timm's patch embedding) and the patch head of the mask-supervised loss."""
+        h = self.hparams
+        overrides = {"embed_dim": h.embed_dim, "depth": h.depth, "num_heads": h.num_heads}
         self.vit = timm.create_model(
-            arch,
+            h.arch,
             pretrained=False,
-            img_size=img_size,
-            patch_size=patch_size,
-            in_chans=in_chans,
-            num_classes=num_classes,
-            reg_tokens=reg_tokens,
-            drop_rate=drop_rate,
-            attn_drop_rate=attn_drop_rate,
-            drop_path_rate=drop_path_rate,
-            **({"embed_layer": ConvStemPatchEmbed} if stem == "conv" else {}),
+            img_size=h.img_size,
+            patch_size=h.patch_size,
+            in_chans=h.in_chans,
+            num_classes=h.num_classes,
+            reg_tokens=h.reg_tokens,
+            drop_rate=h.drop_rate,
+            attn_drop_rate=h.attn_drop_rate,
+            drop_path_rate=h.drop_path_rate,
+            **({"embed_layer": ConvStemPatchEmbed} if h.stem == "conv" else {}),
             **{k: v for k, v in overrides.items() if v is not None},
         )
-        self.patch_head = nn.Linear(self.vit.embed_dim, 1) if patch_loss_weight > 0 else None
-        if grad_checkpointing:
+        self.patch_head = nn.Linear(self.vit.embed_dim, 1) if h.patch_loss_weight > 0 else None
+        if h.grad_checkpointing:
             self.vit.set_grad_checkpointing(True)
-        self.register_buffer(
-            "class_weights", torch.tensor(class_weights, dtype=torch.float32) if class_weights else None
-        )
-        self.task = "multilabel" if multilabel else ("binary" if num_classes == 2 else "multiclass")
+
+    def configure_losses(self) -> None:
+        """Per-class (multi-label: per-label positive) loss weights, as a buffer that follows the model's device."""
+        weights = self.hparams.class_weights
+        self.register_buffer("class_weights", torch.tensor(weights, dtype=torch.float32) if weights else None)
+
+    def configure_metrics(self) -> None:
+        """Classification metrics per stage, and rollout against the lesion masks beside two floors it must beat:
+        the image itself and the head mask."""
+        h = self.hparams
         self.metrics = nn.ModuleDict(
             {
-                stage: classification_metrics(self.task, num_classes, f"{stage}/", class_names=class_names)
+                stage: classification_metrics(self.task, h.num_classes, f"{stage}/", class_names=h.get("class_names"))
                 for stage in ("val", "test")
             }
         )
-        # Rollout against the lesion masks, beside two floors it must beat: the image itself and the head mask.
-        spacing = model_grid_spacing_mm(img_size)
+        spacing = model_grid_spacing_mm(h.img_size)  # for slices whose files give no pixel spacing
         self.localisation = nn.ModuleDict(
             {
                 stage: nn.ModuleDict(
                     {
-                        source: LocalisationMetrics(tolerance_mm=localisation_tolerance_mm, pixel_spacing_mm=spacing)
+                        source: LocalisationMetrics(tolerance_mm=h.localisation_tolerance_mm, pixel_spacing_mm=spacing)
                         for source in MAP_SOURCES
                     }
                 )
                 for stage in ("val", "test")
             }
         )
-        self.optimizer_factory = optimizer
-        self.scheduler_factory = scheduler
-        if weights:
-            load_weights(self, weights, vit=self.vit)
 
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path, map_location=None, hparams_file=None, strict=None, **kwargs):
@@ -352,3 +353,20 @@ def warmup_cosine(warmup_steps: int, total_steps: int):
         return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
 
     return factor
+
+
+def _check_arguments(num_classes, multilabel, img_size, patch_size, class_names, class_weights, arch) -> None:
+    """Bad model arguments, named with what was expected, before anything is built."""
+    if num_classes < 1 or (num_classes < 2 and not multilabel):
+        raise ValueError(f"num_classes must be >= 2 (or >= 1 with multilabel), got {num_classes}")
+    if img_size % patch_size:
+        raise ValueError(f"img_size ({img_size}) must be a multiple of patch_size ({patch_size})")
+    if class_names is not None and len(class_names) != num_classes:
+        raise ValueError(
+            f"class_names has {len(class_names)} names (multi-label: from data.label_columns) for"
+            f" num_classes={num_classes}; set --model.num_classes {len(class_names)}, or leave it unset"
+        )
+    if class_weights is not None and len(class_weights) != num_classes:
+        raise ValueError(f"class_weights has {len(class_weights)} values for num_classes={num_classes}")
+    if not timm.is_model(arch) or not arch.startswith(("vit_", "deit")):
+        raise ValueError(f"arch {arch!r} is not a timm Vision Transformer (e.g. vit_tiny_patch16_224)")
