@@ -18,7 +18,7 @@ import pandas as pd
 import torch
 import yaml
 from rich.progress import track
-from torchmetrics.functional.classification import binary_auroc, binary_roc
+from torchmetrics.functional.classification import binary_auroc, binary_confusion_matrix, binary_roc
 
 from vit_ct.data.datamodule import CTSliceDataModule
 from vit_ct.data.grid import to_source_grid
@@ -299,11 +299,10 @@ def outcome(table: pd.DataFrame, threshold: float = 0.5) -> pd.Series:
 
 
 def confusion(table: pd.DataFrame, threshold: float = 0.5) -> pd.DataFrame:
-    """2 x 2 counts over the labelled slices: rows true label 0/1, columns predicted 0/1 (sklearn's layout)."""
+    """2 x 2 counts over the labelled slices: rows true label 0/1, columns predicted 0/1 (sklearn's layout), from
+    torchmetrics (P > ``threshold`` is positive), as the training metrics count them."""
     prob, label = _labelled(table)
-    predicted = (prob > threshold).astype(np.int64)
-    counts = np.zeros((2, 2), dtype=np.int64)
-    np.add.at(counts, (label, predicted), 1)
+    counts = binary_confusion_matrix(torch.from_numpy(prob), torch.from_numpy(label), threshold=threshold).numpy()
     return pd.DataFrame(counts, index=pd.Index([0, 1], name="true"), columns=pd.Index([0, 1], name="predicted"))
 
 
