@@ -252,19 +252,9 @@ def last_block_attention(
     grid_size: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """The class token's attention over the patches in the last block, heads fused: the raw-attention baseline.
-
-    Args:
-        attentions: one `(B, heads, T, T)` tensor per block, first block first.
-        head_fusion: `mean`, `max` or `min` over the heads.
-        num_prefix_tokens: class and register tokens at the start of the sequence; row 0 is read.
-        grid_size: `(grid_h, grid_w)` of the patches; inferred as square when omitted.
-
-    Returns:
-        `(B, grid_h, grid_w)`.
-    """
+    Arguments as :func:`per_block_maps`; returns `(B, grid_h, grid_w)`."""
     _check_attentions(attentions)
-    fused = fuse_heads(attentions[-1], head_fusion)  # (B, 1, T, T)
-    return _patch_row(fused[:, 0, 0], num_prefix_tokens, grid_size)
+    return per_block_maps(attentions[-1:], head_fusion, num_prefix_tokens, grid_size)[:, 0]
 
 
 def per_head_maps(
