@@ -136,6 +136,45 @@ def pixel_auroc(maps: torch.Tensor, lesion: torch.Tensor, head: torch.Tensor) ->
     return (rank_sum - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
 
 
+def score_slices(
+    maps: torch.Tensor,
+    masks: torch.Tensor,
+    head: torch.Tensor | None = None,
+    *,
+    known: torch.Tensor | None = None,
+    tolerance_px: torch.Tensor,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-slice localisation scores of the slices whose mask is known and holds lesion and non-lesion head pixels:
+    what :class:`LocalisationMetrics` averages and the review lists slice by slice.
+
+    Args:
+        maps: ``(B, H, W)`` maps (negative values are clipped to 0).
+        masks: ``(B, H, W)`` lesion masks, 0/1.
+        head: ``(B, H, W)`` head masks, 0/1; None: the whole slice.
+        known: ``(B,)`` bool: the slice's mask is known; None: every mask is.
+        tolerance_px: ``(B,)`` pointing-game tolerance in pixels.
+
+    Returns:
+        ``scored`` ``(B,)`` bool, and ``pointing``, ``energy``, ``mask_fraction``, ``pixel_auroc``, each
+        ``(scored.sum(),)`` for the scored slices in order.
+    """
+    head = torch.ones_like(masks, dtype=torch.bool) if head is None else head > 0.5
+    lesion = (masks > 0.5) & head
+    scored = lesion.any(dim=(1, 2)) & (head & ~lesion).any(dim=(1, 2))
+    if known is not None:
+        scored &= known.to(scored.device, torch.bool)
+    if not scored.any():
+        return scored, {}
+    maps, lesion, head = maps[scored].float().clamp_min(0), lesion[scored], head[scored]
+    energy, mask_fraction = energy_in_mask(maps, lesion, head)
+    return scored, {
+        "pointing": pointing(maps, lesion, head, tolerance_px[scored]),
+        "energy": energy,
+        "mask_fraction": mask_fraction,
+        "pixel_auroc": pixel_auroc(maps, lesion, head),
+    }
+
+
 class LocalisationMetrics(Metric):
     """How well maps point at lesions: per slice over the head, averaged over the scored slices.
 
@@ -189,20 +228,14 @@ class LocalisationMetrics(Metric):
                 f"maps, masks and head must share one (B, H, W) shape, got {tuple(maps.shape)}, "
                 f"{tuple(masks.shape)} and {None if head is None else tuple(head.shape)}"
             )
-        head = torch.ones_like(masks, dtype=torch.bool) if head is None else head > 0.5
-        lesion = (masks > 0.5) & head
-        scored = lesion.any(dim=(1, 2)) & (head & ~lesion).any(dim=(1, 2))
-        if known is not None:
-            scored &= known.to(scored.device, torch.bool)
+        spacing = spacing_per_slice(pixel_spacing_mm, self.pixel_spacing_mm, len(maps), maps.device)
+        scored, scores = score_slices(maps, masks, head, known=known, tolerance_px=self.tolerance_mm / spacing)
         if not scored.any():
             return
-        spacing = spacing_per_slice(pixel_spacing_mm, self.pixel_spacing_mm, len(maps), maps.device)
-        maps, lesion, head = maps[scored].float().clamp_min(0), lesion[scored], head[scored]
-        energy, mask_fraction = energy_in_mask(maps, lesion, head)
-        self.pointing += pointing(maps, lesion, head, self.tolerance_mm / spacing[scored]).sum()
-        self.energy += energy.sum()
-        self.mask_fraction += mask_fraction.sum()
-        self.pixel_auroc += pixel_auroc(maps, lesion, head).sum()
+        self.pointing += scores["pointing"].sum()
+        self.energy += scores["energy"].sum()
+        self.mask_fraction += scores["mask_fraction"].sum()
+        self.pixel_auroc += scores["pixel_auroc"].sum()
         self.slices += scored.sum()
 
     def compute(self) -> dict[str, torch.Tensor]:

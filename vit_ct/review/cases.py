@@ -28,13 +28,11 @@ from vit_ct.data.windows import parse_windows
 from vit_ct.explain.attention import num_prefix_tokens, patch_grid, record_attention
 from vit_ct.explain.localisation import (
     MAP_SOURCES,
-    energy_in_mask,
     localisation_maps,
     model_grid_spacing_mm,
-    pixel_auroc,
+    score_slices,
     spacing_per_slice,
 )
-from vit_ct.explain.localisation import pointing as pointing_game
 from vit_ct.explain.maps import explain_gradient_rollout
 from vit_ct.explain.rollout import last_block_attention, per_block_maps, per_head_maps
 from vit_ct.model import ViTClassifier
@@ -179,19 +177,11 @@ def localisation_scores(
         tolerance_mm: Pointing-game tolerance.
         pixel_spacing_mm: Pixel size of the grid, one for all or ``(B,)``; None or NaN: a 230 mm field of view.
     """
-    head = head > 0.5
-    lesion = (masks > 0.5) & head
-    scored = lesion.any(dim=(1, 2)) & (head & ~lesion).any(dim=(1, 2)) & known.to(head.device, torch.bool)
+    spacing = spacing_per_slice(pixel_spacing_mm, model_grid_spacing_mm(maps.shape[-1]), len(maps), maps.device)
+    scored, per_slice = score_slices(maps, masks, head, known=known, tolerance_px=tolerance_mm / spacing)
     scores = {name: np.full(len(maps), np.nan) for name in SCORES}
-    if scored.any():
-        spacing = spacing_per_slice(pixel_spacing_mm, model_grid_spacing_mm(maps.shape[-1]), len(maps), maps.device)
-        m, les, hd = maps[scored].float().clamp_min(0), lesion[scored], head[scored]
-        energy, mask_fraction = energy_in_mask(m, les, hd)
-        chosen = scored.cpu().numpy()
-        scores["pointing"][chosen] = pointing_game(m, les, hd, tolerance_mm / spacing[scored]).cpu().numpy()
-        scores["energy"][chosen] = energy.cpu().numpy()
-        scores["mask_fraction"][chosen] = mask_fraction.cpu().numpy()
-        scores["pixel_auroc"][chosen] = pixel_auroc(m, les, hd).cpu().numpy()
+    for name, values in per_slice.items():
+        scores[name][scored.cpu().numpy()] = values.double().cpu().numpy()
     return scores
 
 
