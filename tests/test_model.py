@@ -197,3 +197,16 @@ def test_conv_stem_keeps_the_token_grid_and_loads_timm_blocks(tmp_path):
     # Everything but the (different) patch embedding comes from the file.
     torch.testing.assert_close(model.vit.blocks[0].attn.qkv.weight, source.blocks[0].attn.qkv.weight)
     torch.testing.assert_close(model.vit.pos_embed, source.pos_embed)
+
+
+def test_label_weights_need_multilabel_outputs_of_the_same_number():
+    with pytest.raises(ValueError, match="label_weights"):
+        ViTClassifier(embed_dim=32, depth=1, num_heads=2, img_size=32, label_weights=[1.0, 2.0])  # not multi-label
+    with pytest.raises(ValueError, match="label_weights"):
+        ViTClassifier(embed_dim=32, depth=1, num_heads=2, img_size=32, multilabel=True, num_classes=3,
+                      label_weights=[1.0, 2.0])  # fmt: skip
+    model = ViTClassifier(embed_dim=32, depth=1, num_heads=2, img_size=32, multilabel=True, num_classes=2,
+                          label_weights=[1.0, 2.0])  # fmt: skip
+    assert "weighted_log_loss" in model.metrics["val"]
+    assert "weighted_log_loss" not in ViTClassifier(embed_dim=32, depth=1, num_heads=2, img_size=32,
+                                                        multilabel=True, num_classes=2).metrics["val"]  # fmt: skip

@@ -11,6 +11,7 @@ import pandas as pd
 import pydicom
 import pytest
 import torch
+import yaml
 from conftest import TINY_MODEL_ARGS
 from pydicom.data import get_testdata_file
 from pydicom.dataset import Dataset, FileMetaDataset
@@ -19,7 +20,7 @@ from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian, generate_uid
 from vit_ct.data.manifest import read_manifest
 from vit_ct.data.reader import load_ct_slice
 from vit_ct.data.rsna import RSNA_LABELS, build_rsna_manifest, main, read_rsna_labels
-from vit_ct.metrics import RSNA_LABEL_WEIGHTS, WeightedLogLoss
+from vit_ct.metrics import WeightedLogLoss
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -137,7 +138,10 @@ def test_weighted_log_loss_matches_the_competition_definition():
     rng = np.random.default_rng(0)
     probs, target = rng.uniform(0.01, 0.99, (50, 6)), rng.integers(0, 2, (50, 6))
     probs[0, 0], target[0, 0] = 0.0, 1  # a confident mistake: clipped to 1e-15, finite
-    weights = np.array([RSNA_LABEL_WEIGHTS[label] for label in RSNA_LABELS])
+    recipe = yaml.safe_load((ROOT / "configs" / "rsna_ich.yaml").read_text())
+    assert recipe["data"]["init_args"]["label_columns"] == list(RSNA_LABELS)  # the weights' order
+    weights = np.array(recipe["model"]["label_weights"])
+    assert weights.tolist() == [2.0 if label == "any" else 1.0 for label in RSNA_LABELS]
     clipped = np.clip(probs, 1e-15, 1 - 1e-15)
     bce = -(target * np.log(clipped) + (1 - target) * np.log(1 - clipped))
     per_slice = (bce * weights).sum(axis=1) / weights.sum()  # weighted mean over labels, then mean over slices

@@ -13,22 +13,21 @@ import torch
 from torchmetrics import Metric, MetricCollection
 from torchmetrics.classification import AUROC, Accuracy, BinaryAUROC, F1Score, Recall, Specificity
 
-# RSNA 2019's weighted multi-label log loss counts `any` twice (its labels: vit_ct.data.rsna.RSNA_LABELS).
-RSNA_LABEL_WEIGHTS = {
-    "epidural": 1.0, "intraparenchymal": 1.0, "intraventricular": 1.0, "subarachnoid": 1.0, "subdural": 1.0, "any": 2.0,
-}  # fmt: skip
-
-
 Task = Literal["binary", "multiclass", "multilabel"]
 
 
 def classification_metrics(
-    task: Task, num_classes: int, prefix: str, *, class_names: Sequence[str] | None = None
+    task: Task,
+    num_classes: int,
+    prefix: str,
+    *,
+    class_names: Sequence[str] | None = None,
+    label_weights: Sequence[float] | None = None,
 ) -> MetricCollection:
     """The metric set of one stage, keys ``{prefix}auroc``, ``{prefix}accuracy``, ...
 
     Multi-label adds ``{prefix}auroc_<label>`` per label beside the macro ``{prefix}auroc``, and
-    ``{prefix}weighted_log_loss`` when the labels are RSNA 2019's six (``vit_ct.data.rsna``).
+    ``{prefix}weighted_log_loss`` when ``label_weights`` are given (RSNA 2019: 1 per subtype, 2 for ``any``).
 
     Args:
         task: ``binary`` (inputs: P(lesion) per slice), ``multiclass`` (inputs: class probabilities
@@ -37,6 +36,7 @@ def classification_metrics(
         num_classes: Classes (multi-class) or labels (multi-label); ignored for binary.
         prefix: Stage prefix such as ``"val/"``.
         class_names: Label names for the per-label keys; default ``0``, ``1``, ...
+        label_weights: Multi-label: one weight per label for the weighted log loss; None: no such metric.
     """
     if task == "binary":
         kwargs = {"task": "binary"}
@@ -55,8 +55,8 @@ def classification_metrics(
     if task == "multilabel":
         names = [str(name) for name in class_names or range(num_classes)]
         metrics.update({f"auroc_{name}": LabelAUROC(i) for i, name in enumerate(names)})
-        if sorted(names) == sorted(RSNA_LABEL_WEIGHTS):
-            metrics["weighted_log_loss"] = WeightedLogLoss([RSNA_LABEL_WEIGHTS[name] for name in names])
+        if label_weights is not None:
+            metrics["weighted_log_loss"] = WeightedLogLoss(list(label_weights))
     return MetricCollection(metrics, prefix=prefix)
 
 

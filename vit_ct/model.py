@@ -51,6 +51,8 @@ class ViTClassifier(L.LightningModule):
         class_weights: Per-class loss weights (e.g. ``[1.0, 3.0]`` against class imbalance); per-label positive
             weights when ``multilabel``.
         label_smoothing: Label smoothing of the cross-entropy.
+        label_weights: Multi-label: per-label weights of the ``weighted_log_loss`` metric (RSNA 2019:
+            ``[1, 1, 1, 1, 1, 2]``, ``any`` last); None: the metric is not computed.
         lr: Peak learning rate of the default AdamW.
         weight_decay: Weight decay of the default AdamW; never applied to norms, biases, position embeddings or
             prefix tokens.
@@ -88,6 +90,7 @@ class ViTClassifier(L.LightningModule):
         patch_loss_weight: float = 1.0,
         class_weights: list[float] | None = None,
         label_smoothing: float = 0.0,
+        label_weights: list[float] | None = None,
         lr: float = 5e-4,
         weight_decay: float = 0.05,
         warmup_epochs: float = 1.0,
@@ -103,7 +106,7 @@ class ViTClassifier(L.LightningModule):
         super().__init__()
         if num_classes is None:  # multi-label: one output per named label
             num_classes = len(class_names) if multilabel and class_names else 2
-        _check_arguments(num_classes, multilabel, img_size, patch_size, class_names, class_weights, arch)
+        _check_arguments(num_classes, multilabel, img_size, patch_size, class_names, class_weights, label_weights, arch)
         # `weights` is a start point, not part of the model: a checkpoint must load without that file.
         self.save_hyperparameters(ignore=["optimizer", "scheduler", "weights"])
         self.hparams.num_classes = num_classes  # resolved (the CLI hands its own config to save_hyperparameters)
@@ -149,7 +152,13 @@ class ViTClassifier(L.LightningModule):
         h = self.hparams
         self.metrics = nn.ModuleDict(
             {
-                stage: classification_metrics(self.task, h.num_classes, f"{stage}/", class_names=h.get("class_names"))
+                stage: classification_metrics(
+                    self.task,
+                    h.num_classes,
+                    f"{stage}/",
+                    class_names=h.get("class_names"),
+                    label_weights=h.get("label_weights"),
+                )
                 for stage in ("val", "test")
             }
         )
@@ -355,7 +364,9 @@ def warmup_cosine(warmup_steps: int, total_steps: int):
     return factor
 
 
-def _check_arguments(num_classes, multilabel, img_size, patch_size, class_names, class_weights, arch) -> None:
+def _check_arguments(
+    num_classes, multilabel, img_size, patch_size, class_names, class_weights, label_weights, arch
+) -> None:
     """Bad model arguments, named with what was expected, before anything is built."""
     if num_classes < 1 or (num_classes < 2 and not multilabel):
         raise ValueError(f"num_classes must be >= 2 (or >= 1 with multilabel), got {num_classes}")
@@ -368,5 +379,10 @@ def _check_arguments(num_classes, multilabel, img_size, patch_size, class_names,
         )
     if class_weights is not None and len(class_weights) != num_classes:
         raise ValueError(f"class_weights has {len(class_weights)} values for num_classes={num_classes}")
+    if label_weights is not None and (not multilabel or len(label_weights) != num_classes):
+        raise ValueError(
+            f"label_weights ({len(label_weights)} values) need multi-label data with as many labels; got"
+            f" multilabel={multilabel}, num_classes={num_classes}"
+        )
     if not timm.is_model(arch) or not arch.startswith(("vit_", "deit")):
         raise ValueError(f"arch {arch!r} is not a timm Vision Transformer (e.g. vit_tiny_patch16_224)")
