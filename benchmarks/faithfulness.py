@@ -147,12 +147,12 @@ def explanation_maps(
     with torch.no_grad():
         floors = localisation_maps(model, batch)  # rollout (model.explain) and the floors, on the model grid
         _, rollout = model.explain(images)
-        with record_attention(model.vit, head_fusion=model.hparams.rollout_head_fusion) as attentions:
-            model.vit(images)
+        with record_attention(model, head_fusion=model.hparams.rollout_head_fusion) as attentions:
+            model(images)  # the model's own forward: air masked as keys where the model masks it
         last = last_block_attention(attentions, num_prefix_tokens=model.vit.num_prefix_tokens, grid_size=grid)
     on_grid = {
         "rollout": rollout,
-        "gradient rollout": explain_gradient_rollout(model.vit, images, target=1),
+        "gradient rollout": explain_gradient_rollout(model, images, target=1),
         "last-block attention": last.float(),
         "Grad-CAM": grad_cam(model, images, grid),
         "random": torch.rand(len(images), *grid, generator=generator),
@@ -198,6 +198,76 @@ def read_windows(ckpt: Path, windows: list[str] | None, in_chans: int) -> list[t
     return pairs
 
 
+def score_methods(
+    model: ViTClassifier,
+    manifest: Path,
+    windows: list[tuple[float, float]],
+    *,
+    split: str = "test",
+    n_slices: int = 64,
+    steps: int = 16,
+    seed: int = 0,
+    predicted_positive: bool = False,
+    batch_slices: int = 8,
+) -> tuple[list[dict], dict]:
+    """Deletion / insertion areas and localisation scores of every method in ``METHODS`` on lesion slices of
+    ``split``: one row per method, and the facts the report states (slices chosen, P(lesion) at both ends, grid)."""
+    if model.task != "binary":
+        raise ValueError(f"the model is a {model.task} model; the benchmark scores P(lesion) of a binary model")
+    generator = torch.Generator().manual_seed(seed)
+    data = CTSliceDataModule(
+        str(manifest), windows=windows, img_size=model.hparams.img_size, num_workers=0, augment=False
+    )
+    slices = lesion_slices(data, split)
+    baseline_all = ct_baseline(slices["image"], slices["head"], windows)
+    with torch.inference_mode():
+        p_intact = model.probabilities(model(slices["image"]))
+        p_baseline = model.probabilities(model(baseline_all))
+    eligible = torch.nonzero(p_intact >= 0.5)[:, 0] if predicted_positive else torch.arange(len(p_intact))
+    if not len(eligible):
+        raise ValueError(f"split {split!r} of {manifest} has no lesion slices to score")
+    chosen = eligible[torch.randperm(len(eligible), generator=generator)[:n_slices]].sort().values
+
+    grid = patch_grid(model, slices["image"].shape)
+    counts = patch_counts(grid[0] * grid[1], steps)
+    spacing = model_grid_spacing_mm(model.hparams.img_size)
+    tolerance = model.hparams.localisation_tolerance_mm
+    metrics = {m: LocalisationMetrics(tolerance_mm=tolerance, pixel_spacing_mm=spacing) for m in METHODS}
+    areas = {m: {"deletion": [], "insertion": []} for m in METHODS}
+    for part in chosen.split(batch_slices):
+        batch = {key: value[part] for key, value in slices.items()}
+        baseline = baseline_all[part]
+        on_grid, on_pixels = explanation_maps(model, batch, grid, generator)
+        ends = torch.stack([p_intact[part], p_baseline[part]], dim=1)  # the first and last point, shared by all maps
+        for method in METHODS:
+            metrics[method].update(on_pixels[method], batch["mask"][:, 0], batch["head"][:, 0], known=batch["has_mask"])
+            order = patch_order(on_grid[method], generator)
+            deleted, inserted = curves(model, batch["image"], baseline, order, counts, grid, ends)
+            areas[method]["deletion"].append(curve_area(deleted, counts))
+            areas[method]["insertion"].append(curve_area(inserted, counts))
+
+    rows = []
+    for method in METHODS:
+        scores = {name: float(value) for name, value in metrics[method].compute().items()}
+        row = {"method": method, "pointing": scores["pointing"], "energy_ratio": scores["energy_ratio"]}
+        row.update(pixel_auroc=scores["pixel_auroc"], slices=int(scores["slices"]))
+        for curve in ("deletion", "insertion"):
+            values = torch.cat(areas[method][curve])
+            row[curve] = float(values.mean())
+            row[f"{curve}_se"] = float(values.std() / np.sqrt(len(values))) if len(values) > 1 else float("nan")
+        rows.append(row)
+    facts = {
+        "chosen": chosen,
+        "lesion_slices": len(slices["index"]),
+        "called_positive": int((p_intact >= 0.5).sum()),
+        "p_intact": p_intact,
+        "p_baseline": p_baseline,
+        "grid": grid,
+        "counts": counts,
+    }
+    return rows, facts
+
+
 def markdown_table(rows: list[dict]) -> str:
     header = "| method | deletion AUC ↓ | insertion AUC ↑ | pointing | energy ratio | pixel AUROC | n slices |"
     lines = [header, "|---|---|---|---|---|---|---|"]
@@ -231,62 +301,30 @@ def main(argv: list[str] | None = None) -> str:
             f" {args.batch_slices})"
         )
     start = time.perf_counter()
-    generator = torch.Generator().manual_seed(args.seed)
-
     command = shlex.join(["python", "benchmarks/faithfulness.py", *(sys.argv[1:] if argv is None else argv)])
     model = ViTClassifier.load_from_checkpoint(args.ckpt, map_location="cpu").eval()
-    if model.task != "binary":
-        raise ValueError(f"{args.ckpt} is a {model.task} model; the benchmark scores P(lesion) of a binary model")
     windows = read_windows(args.ckpt, args.windows, model.hparams.in_chans)
-    data = CTSliceDataModule(
-        str(args.manifest), windows=windows, img_size=model.hparams.img_size, num_workers=0, augment=False
+    rows, facts = score_methods(
+        model,
+        args.manifest,
+        windows,
+        split=args.split,
+        n_slices=args.n_slices,
+        steps=args.steps,
+        seed=args.seed,
+        predicted_positive=args.predicted_positive,
+        batch_slices=args.batch_slices,
     )
-    slices = lesion_slices(data, args.split)
-    baseline_all = ct_baseline(slices["image"], slices["head"], windows)
-    with torch.inference_mode():
-        p_intact = model.probabilities(model(slices["image"]))
-        p_baseline = model.probabilities(model(baseline_all))
-    eligible = torch.nonzero(p_intact >= 0.5)[:, 0] if args.predicted_positive else torch.arange(len(p_intact))
-    if not len(eligible):
-        raise ValueError(f"split {args.split!r} of {args.manifest} has no lesion slices to score")
-    chosen = eligible[torch.randperm(len(eligible), generator=generator)[: args.n_slices]].sort().values
-
-    grid = patch_grid(model.vit, slices["image"].shape)
-    counts = patch_counts(grid[0] * grid[1], args.steps)
-    spacing = model_grid_spacing_mm(model.hparams.img_size)
-    tolerance = model.hparams.localisation_tolerance_mm
-    metrics = {m: LocalisationMetrics(tolerance_mm=tolerance, pixel_spacing_mm=spacing) for m in METHODS}
-    areas = {m: {"deletion": [], "insertion": []} for m in METHODS}
-    for part in chosen.split(args.batch_slices):
-        batch = {key: value[part] for key, value in slices.items()}
-        baseline = baseline_all[part]
-        on_grid, on_pixels = explanation_maps(model, batch, grid, generator)
-        ends = torch.stack([p_intact[part], p_baseline[part]], dim=1)  # the first and last point, shared by all maps
-        for method in METHODS:
-            metrics[method].update(on_pixels[method], batch["mask"][:, 0], batch["head"][:, 0], known=batch["has_mask"])
-            order = patch_order(on_grid[method], generator)
-            deleted, inserted = curves(model, batch["image"], baseline, order, counts, grid, ends)
-            areas[method]["deletion"].append(curve_area(deleted, counts))
-            areas[method]["insertion"].append(curve_area(inserted, counts))
-
-    rows = []
-    for method in METHODS:
-        scores = {name: float(value) for name, value in metrics[method].compute().items()}
-        row = {"method": method, "pointing": scores["pointing"], "energy_ratio": scores["energy_ratio"]}
-        row.update(pixel_auroc=scores["pixel_auroc"], slices=int(scores["slices"]))
-        for curve in ("deletion", "insertion"):
-            values = torch.cat(areas[method][curve])
-            row[curve] = float(values.mean())
-            row[f"{curve}_se"] = float(values.std() / np.sqrt(len(values))) if len(values) > 1 else float("nan")
-        rows.append(row)
+    chosen, n_lesion, n_positive = facts["chosen"], facts["lesion_slices"], facts["called_positive"]
+    p_intact, p_baseline, grid, counts = facts["p_intact"], facts["p_baseline"], facts["grid"], facts["counts"]
     seconds = time.perf_counter() - start
     which = "predicted positive (P >= 0.5) " if args.predicted_positive else ""
     report = "\n".join(
         [
             markdown_table(rows),
             "",
-            f"{len(chosen)} {which}lesion slices of split `{args.split}` ({len(slices['index'])} lesion slices in it,"
-            f" {int((p_intact >= 0.5).sum())} called positive); P(lesion): intact {float(p_intact[chosen].mean()):.3f},"
+            f"{len(chosen)} {which}lesion slices of split `{args.split}` ({n_lesion} lesion slices in it,"
+            f" {n_positive} called positive); P(lesion): intact {float(p_intact[chosen].mean()):.3f},"
             f" baseline {float(p_baseline[chosen].mean()):.3f} (means over the scored slices). Curves: {len(counts)}"
             f" points over {grid[0] * grid[1]} patches of {grid[0]} x {grid[1]}; mean ± standard error over slices.",
             f"Baseline: head pixels at {BASELINE_HU:.0f} HU (normal brain), windowed; air kept. Floors: image = mean"

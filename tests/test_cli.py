@@ -153,7 +153,11 @@ def test_fit_then_predict_through_the_real_command(synthetic_set, tmp_path):
     test_rows = data.split_table("test")
     assert list(table["image"]) == list(test_rows["image_ref"])
     assert list(table["label"]) == list(test_rows["label"])
-    assert list(table.columns) == ["image", "prob", "label", "rollout", "overlay"]
+    sink = ["rollout_air", "rollout_outside_head", "cls_prefix_b0", "cls_prefix_b1", "cls_air_b0", "cls_air_b1"]
+    assert list(table.columns) == ["image", "prob", "label", "rollout", "overlay", *sink]
+    # air (no pixel above -300 HU) is below both windows, so the model masks it as keys: no rollout, no attention
+    assert (table["rollout_air"] == 0).all() and (table[["cls_air_b0", "cls_air_b1"]] == 0).all().all()
+    assert ((table["cls_prefix_b0"] > 0) & (table["cls_prefix_b0"] < 1)).all()
 
     # The checkpoint loads back into ViTClassifier and predicts what the command wrote.
     model = ViTClassifier.load_from_checkpoint(best, map_location="cpu").eval()

@@ -17,9 +17,18 @@ import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from timm.optim import param_groups_layer_decay, param_groups_weight_decay
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
-from vit_ct.explain.localisation import MAP_SOURCES, LocalisationMetrics, localisation_maps, model_grid_spacing_mm
-from vit_ct.explain.maps import rollout_with_output
+from vit_ct.explain.attention import record_attention
+from vit_ct.explain.localisation import (
+    MAP_SOURCES,
+    LocalisationMetrics,
+    localisation_maps,
+    model_grid_spacing_mm,
+)
+from vit_ct.explain.maps import Explained, explain_forward
+from vit_ct.explain.rollout import class_token_rollout
+from vit_ct.explain.sink import SinkMetrics, sink_per_slice
 from vit_ct.metrics import classification_metrics
 from vit_ct.stem import ConvStemPatchEmbed
 from vit_ct.weights import load_weights
@@ -43,11 +52,21 @@ class ViTClassifier(L.LightningModule):
         depth: Transformer blocks; None keeps the architecture's.
         num_heads: Attention heads; None keeps the architecture's.
         reg_tokens: Register tokens beside the class token (arXiv:2309.16588).
+        mask_air: Patches that hold nothing (every pixel at the floor of every window: air, padding, outside the
+            scan circle) are not attention keys: no token attends to them, so the class token cannot park its
+            attention in the air and the rollout is zero there by construction, not by erasing the map afterwards.
+            They still pass through the blocks as queries. Decided from the model's input alone, so training,
+            validation, predict and review mask alike.
         drop_rate: Dropout before the classifier.
         attn_drop_rate: Dropout on the attention weights, after the softmax.
         drop_path_rate: Stochastic depth, rising linearly to this rate in the last block.
         patch_loss_weight: Weight of the patch-level loss (each token predicts whether its patch holds lesion
             pixels, from the masks); 0 switches the patch head off.
+        attention_loss_weight: Weight of the attention loss: on slices with a known lesion mask, the cross-entropy of
+            the lesion's share of each patch against where the class token's attention flows (heads averaged), so
+            that the token that decides reads the lesion. 0 switches it off; slices without masks are unaffected.
+        attention_target: What the attention loss reads: ``rollout`` (the attention rollout over the patches, the
+            map vit-ct shows) or ``class_token`` (the class token's attention row in each block).
         class_weights: Per-class loss weights (e.g. ``[1.0, 3.0]`` against class imbalance); per-label positive
             weights when ``multilabel``.
         label_smoothing: Label smoothing of the cross-entropy.
@@ -62,7 +81,8 @@ class ViTClassifier(L.LightningModule):
         rollout_discard_ratio: Share of the lowest attention weights rollout discards per block.
         localisation_tolerance_mm: Pointing-game tolerance of the validation and test localisation metrics, in mm
             on each slice's own pixel spacing (read from the file; slices without one are assumed to span 230 mm).
-        grad_checkpointing: Recompute block activations in the backward pass (less memory, ~30% slower).
+        grad_checkpointing: Recompute block activations in the backward pass (less memory, ~30% slower); not while
+            the attention loss is on (``attention_loss_weight`` > 0), whose attention must stay in the graph.
         weights: Initial weights: a vit-ct checkpoint or a timm state-dict file. Channels, position grid and
             differently sized heads are adapted. Only the network is loaded, not the trainer state.
         optimizer: Replaces the default AdamW; receives the parameter groups.
@@ -84,10 +104,13 @@ class ViTClassifier(L.LightningModule):
         depth: int | None = 6,
         num_heads: int | None = None,
         reg_tokens: int = 0,
+        mask_air: bool = True,
         drop_rate: float = 0.0,
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.1,
         patch_loss_weight: float = 1.0,
+        attention_loss_weight: float = 1.0,
+        attention_target: Literal["rollout", "class_token"] = "rollout",
         class_weights: list[float] | None = None,
         label_smoothing: float = 0.0,
         label_weights: list[float] | None = None,
@@ -110,6 +133,7 @@ class ViTClassifier(L.LightningModule):
         # `weights` is a start point, not part of the model: a checkpoint must load without that file.
         self.save_hyperparameters(ignore=["optimizer", "scheduler", "weights"])
         self.hparams.num_classes = num_classes  # resolved (the CLI hands its own config to save_hyperparameters)
+        self._recording_graph = False
         self.task = "multilabel" if multilabel else ("binary" if num_classes == 2 else "multiclass")
         self.configure_network()
         self.configure_losses()
@@ -162,6 +186,7 @@ class ViTClassifier(L.LightningModule):
                 for stage in ("val", "test")
             }
         )
+        self.sink = nn.ModuleDict({stage: SinkMetrics(len(self.vit.blocks)) for stage in ("val", "test")})
         spacing = model_grid_spacing_mm(h.img_size)  # for slices whose files give no pixel spacing
         self.localisation = nn.ModuleDict(
             {
@@ -189,6 +214,11 @@ class ViTClassifier(L.LightningModule):
             **kwargs,
         )
 
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """A checkpoint decides how its weights see the input: one saved before ``mask_air`` existed was trained
+        with every patch as a key, and is run that way, whatever the current default or a config says."""
+        self.hparams.mask_air = bool(checkpoint.get("hyper_parameters", {}).get("mask_air", False))
+
     @property
     def class_names(self) -> list[str]:
         """Names of the outputs: ``class_names`` or ``0``, ``1``, ..."""
@@ -196,7 +226,24 @@ class ViTClassifier(L.LightningModule):
 
     def forward(self, image: torch.Tensor) -> torch.Tensor:
         """Logits ``(B, num_classes)`` for windowed slices ``(B, in_chans, img_size, img_size)``."""
-        return self.vit(image)
+        return self.vit.forward_head(self.forward_features(image))
+
+    def forward_features(self, image: torch.Tensor) -> torch.Tensor:
+        """Tokens ``(B, T, D)`` after the final norm: timm's ``forward_features``, with air patches masked as
+        attention keys when ``mask_air`` (see :func:`attention_keys`)."""
+        vit = self.vit
+        mask_air = self.hparams.get("mask_air", False)
+        if not mask_air and not self._recording_graph:
+            return vit.forward_features(image)
+        keys = attention_keys(image, self.hparams.patch_size, vit.num_prefix_tokens) if mask_air else None
+        # timm's own loop skips gradient checkpointing when given a mask: the blocks are run here instead
+        x = vit.norm_pre(vit.patch_drop(vit._pos_embed(vit.patch_embed(image))))
+        for block in vit.blocks:
+            if vit.grad_checkpointing and torch.is_grad_enabled() and not self._recording_graph:
+                x = checkpoint(block, x, attn_mask=keys, use_reentrant=False)
+            else:
+                x = block(x, attn_mask=keys)
+        return vit.norm(x)
 
     def probabilities(self, logits: torch.Tensor) -> torch.Tensor:
         """P(lesion) ``(B,)`` for binary, else ``(B, num_classes)``; float32 whatever the autocast dtype."""
@@ -208,7 +255,17 @@ class ViTClassifier(L.LightningModule):
 
     def _losses(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
         image, label = batch["image"], batch["label"]
-        tokens = self.vit.forward_features(image)  # (B, T, D)
+        if self.hparams.get("attention_loss_weight", 0.0) > 0:
+            # the attention loss needs the attention in the graph: a checkpointed block would record it again in
+            # the backward pass, so blocks are not checkpointed while it is recorded
+            self._recording_graph = True
+            try:
+                with record_attention(self, head_fusion="mean", keep_graph=True) as attentions:
+                    tokens = self.forward_features(image)  # (B, T, D)
+            finally:
+                self._recording_graph = False
+        else:
+            attentions, tokens = None, self.forward_features(image)
         logits = self.vit.forward_head(tokens).float()  # losses and metrics in float32, also under AMP
         if self.task == "multilabel":
             loss = F.binary_cross_entropy_with_logits(logits, label.float(), pos_weight=self.class_weights)
@@ -222,7 +279,34 @@ class ViTClassifier(L.LightningModule):
             if patch_loss is not None:
                 parts["patch_loss"] = patch_loss.detach()
                 loss = loss + self.hparams.patch_loss_weight * patch_loss
+        if attentions:
+            attention_loss = self._attention_loss(attentions, batch)
+            if attention_loss is not None:
+                parts["attention_loss"] = attention_loss.detach()
+                loss = loss + self.hparams.attention_loss_weight * attention_loss
         return loss, logits, parts
+
+    def _attention_loss(self, attentions: list[torch.Tensor], batch: dict) -> torch.Tensor | None:
+        """Cross-entropy of the lesion's share of each patch against where the class token's attention goes: its
+        attention rollout over the patches (``attention_target="rollout"``, renormalised over the patches) or its
+        attention row in every block (``"class_token"``, averaged over blocks); over the slices whose lesion mask is
+        known and not empty."""
+        scored = batch["has_mask"] & batch["mask"].flatten(1).any(dim=1)
+        if not scored.any():
+            return None
+        target = F.avg_pool2d(batch["mask"][scored].float(), self.hparams.patch_size).flatten(1)  # (b, N)
+        target = target / target.sum(dim=1, keepdim=True)
+        prefix = self.num_prefix
+        attentions = [attention[scored].float() for attention in attentions]  # (b, 1, T, T), rows sum to 1
+
+        def cross_entropy(share: torch.Tensor) -> torch.Tensor:
+            return -(target * share.clamp_min(1e-6).log()).sum(dim=1).mean()
+
+        if self.hparams.get("attention_target", "class_token") == "rollout":
+            grid = self.vit.patch_embed.grid_size
+            rollout = class_token_rollout(attentions, num_prefix_tokens=prefix, grid_size=grid).flatten(1)  # (b, N)
+            return cross_entropy(rollout / rollout.sum(dim=1, keepdim=True).clamp_min(1e-12))
+        return torch.stack([cross_entropy(attention[:, 0, 0, prefix:]) for attention in attentions]).mean()
 
     def _patch_loss(self, tokens: torch.Tensor, batch: dict) -> torch.Tensor | None:
         """BCE of each patch token against "this patch holds lesion pixels", on slices whose mask is known."""
@@ -257,25 +341,48 @@ class ViTClassifier(L.LightningModule):
         label = batch["label"]
         if not len(label):  # a batch of DDP padding only (possible when a split has fewer slices than ranks)
             return None
-        loss, logits, _ = self._losses(batch)
+        # one forward pass for the losses, the metrics and the explanation
+        explained = self._explained(lambda: self._losses(batch), batch["image"].shape)
+        loss, logits, _ = explained.output
         self.metrics[stage].update(self.probabilities(logits), label)
         self.log(f"{stage}/loss", loss, prog_bar=stage == "val", sync_dist=True, batch_size=len(label))
         self.log_dict(self.metrics[stage], prog_bar=stage == "val")
-        self._localise(batch, stage)
+        self._localise(batch, explained, stage)
         return loss
 
-    def _localise(self, batch: dict, stage: str) -> None:
-        """Scores rollout and its floors against the lesion on slices with a known, non-empty mask."""
-        scored = batch["has_mask"] & batch["mask"].flatten(1).any(dim=1)
+    def _explained(self, forward, image_shape) -> Explained:
+        return explain_forward(
+            self,
+            forward,
+            image_shape,
+            head_fusion=self.hparams.rollout_head_fusion,
+            discard_ratio=self.hparams.rollout_discard_ratio,
+        )
+
+    def _localise(self, batch: dict, explained: Explained, stage: str) -> None:
+        """The attention sink on every slice; rollout and its floors against the lesion on slices with a known,
+        non-empty mask."""
+        mask, head = batch["mask"][:, 0], batch["head"][:, 0]
+        scored = batch["has_mask"] & mask.flatten(1).any(dim=1)
+        maps = localisation_maps(None, batch, rollout=explained.rollout)
+        self.sink[stage].update(
+            explained.rollout,
+            maps["rollout"],
+            explained.class_attention,
+            head,
+            mask,
+            scored,
+            num_prefix_tokens=self.num_prefix,
+            patch_size=self.hparams.patch_size,
+        )
         if not scored.any():
             return
-        # a second forward pass, on the scored slices only; `pixel_spacing_mm` (model grid) when the batch has it
-        keys = ("image", "mask", "head", "pixel_spacing_mm")
-        batch = {key: batch[key][scored] for key in keys if key in batch}
-        mask, head, spacing = batch["mask"][:, 0], batch["head"][:, 0], batch.get("pixel_spacing_mm")
-        for source, maps in localisation_maps(self, batch).items():
-            metrics = self.localisation[stage][source]
-            metrics.update(maps, mask, head, pixel_spacing_mm=spacing)
+        spacing = batch.get("pixel_spacing_mm")  # model grid, when the batch has it
+        spacing = spacing[scored] if torch.is_tensor(spacing) else spacing
+        for source, source_maps in maps.items():
+            self.localisation[stage][source].update(
+                source_maps[scored], mask[scored], head[scored], pixel_spacing_mm=spacing
+            )
 
     def _log_localisation(self, stage: str) -> None:
         """Logs ``{stage}/{source}_{score}`` for the epoch, unless no slice was scored (e.g. data without masks)."""
@@ -287,6 +394,11 @@ class ViTClassifier(L.LightningModule):
             metrics.reset()
             if values["slices"] > 0:
                 self.log_dict({f"{stage}/{source}_{name}": value.float() for name, value in values.items()})
+        values = self.sink[stage].compute()
+        self.sink[stage].reset()
+        if values["slices"] > 0:
+            values = {name: value for name, value in values.items() if name not in ("slices", "lesion_slices")}
+            self.log_dict({f"{stage}/{name}": value.float() for name, value in values.items() if not value.isnan()})
 
     def on_validation_epoch_end(self) -> None:
         self._log_localisation("val")
@@ -301,18 +413,28 @@ class ViTClassifier(L.LightningModule):
         return self._evaluate(batch, "test")
 
     def explain(self, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits and attention rollout ``(B, grid_h, grid_w)`` of a batch, from one forward pass.
+        """Logits and attention rollout ``(B, grid_h, grid_w)`` of a batch from one forward pass (:meth:`explained`)."""
+        explained = self.explained(image)
+        return explained.output, explained.rollout
 
-        Heads are fused inside the hook and only the class token's row is propagated, so large slices fit
-        (:func:`vit_ct.explain.maps.rollout_with_output`, with this model's rollout settings).
-        """
-        return rollout_with_output(
-            self, image, head_fusion=self.hparams.rollout_head_fusion, discard_ratio=self.hparams.rollout_discard_ratio
-        )
+    def explained(self, image: torch.Tensor) -> Explained:
+        """Logits, attention rollout and the class token's attention rows per block, from one forward pass without
+        gradients. Heads are fused inside the hook and only the class token's row is propagated, so large slices fit
+        (:func:`vit_ct.explain.maps.explain_forward`, with this model's rollout settings)."""
+        with torch.no_grad():
+            return self._explained(lambda: self(image), image.shape)
 
     def predict_step(self, batch: dict, batch_idx: int) -> dict[str, torch.Tensor]:
-        logits, rollout = self.explain(batch["image"])
-        return {"prob": self.probabilities(logits), "rollout": rollout, "index": batch["index"]}
+        explained = self.explained(batch["image"])
+        out = {"prob": self.probabilities(explained.output), "rollout": explained.rollout, "index": batch["index"]}
+        if "head" in batch:  # the attention sink, per slice
+            out.update(sink_per_slice(explained.rollout, explained.class_attention, batch["head"], self.num_prefix))
+        return out
+
+    @property
+    def num_prefix(self) -> int:
+        """Class and register tokens in front of the patch tokens."""
+        return int(self.vit.num_prefix_tokens)
 
     def configure_optimizers(self):
         groups = self._param_groups()
@@ -342,6 +464,29 @@ class ViTClassifier(L.LightningModule):
         if self.patch_head is not None:
             groups.append({"params": list(self.patch_head.parameters()), "weight_decay": 0.0})
         return groups
+
+
+# Windowed input at or below this is "nothing here": every window maps air (-1000 HU) to exactly 0.
+EMPTY_LEVEL = 1e-3
+
+
+def attention_keys(image: torch.Tensor, patch_size: int, num_prefix_tokens: int) -> torch.Tensor:
+    """Which tokens may be attended to: every prefix token, and every patch with at least one pixel above the floor
+    of some window (``EMPTY_LEVEL``). Patches at the floor of every window hold only air: HU below all windows.
+
+    Args:
+        image: ``(B, C, H, W)`` windowed input in [0, 1], ``H`` and ``W`` multiples of ``patch_size``.
+        patch_size: side of a patch in pixels.
+        num_prefix_tokens: class and register tokens in front of the patch tokens (always keys).
+
+    Returns:
+        ``(B, 1, 1, T)`` bool, True where a key may be attended to; broadcasts over heads and queries as timm's
+        (and ``scaled_dot_product_attention``'s) boolean ``attn_mask``.
+    """
+    content = F.max_pool2d(image.detach().amax(dim=1, keepdim=True).float(), patch_size) > EMPTY_LEVEL
+    patches = content.flatten(1)  # (B, N)
+    prefix = patches.new_ones(patches.shape[0], num_prefix_tokens)
+    return torch.cat([prefix, patches], dim=1)[:, None, None, :]
 
 
 def warmup_cosine_schedule(optimizer: torch.optim.Optimizer, trainer: L.Trainer, warmup_epochs: float) -> dict:

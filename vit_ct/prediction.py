@@ -31,6 +31,17 @@ def save_npy(array: np.ndarray, path: Path) -> None:
         np.save(f, array)
 
 
+def sink_columns(prediction: dict, i: int) -> dict[str, float]:
+    """Slice ``i``'s attention-sink columns: ``rollout_air``, ``rollout_outside_head``, and per block ``b``
+    ``cls_prefix_b{b}`` / ``cls_air_b{b}`` (see :mod:`vit_ct.explain.sink`); none when the batch had no head mask."""
+    shares = ("rollout_air", "rollout_outside_head")
+    columns = {name: float(prediction[name][i]) for name in shares if name in prediction}
+    for name in ("cls_prefix", "cls_air"):
+        if name in prediction:
+            columns.update({f"{name}_b{b}": float(v) for b, v in enumerate(prediction[name][i].tolist())})
+    return columns
+
+
 class PredictionWriter(BasePredictionWriter):
     """Writes each predicted slice's rollout map and overlay, then ``predictions.csv`` once all ranks are done.
 
@@ -78,6 +89,7 @@ class PredictionWriter(BasePredictionWriter):
             elif "label" in row and not pd.isna(row["label"]):
                 record["label"] = int(row["label"])
             record.update({"rollout": map_path.as_posix(), "overlay": overlay_path.as_posix()})
+            record.update(sink_columns(prediction, i))
             self.rows.append(record)
 
     def on_predict_epoch_end(self, trainer, pl_module) -> None:

@@ -48,6 +48,14 @@ def report(output_dir: str | Path, summary: dict) -> str:
         for source in ("rollout", "floor_image", "floor_head"):
             values = [metrics.get(f"test/{source}_{n}", float("nan")) for n in LOCALISATION]
             lines.append(f"    {source:<14}" + "".join(f"{v:>15.3f}" for v in values))
+    if "test/rollout_air" in metrics:
+        sink = f"  attention sink: rollout on air patches {metrics['test/rollout_air']:.1%}"
+        if "test/rollout_outside_head" in metrics:
+            sink += (
+                f"; outside the head {metrics['test/rollout_outside_head']:.1%}"
+                f" (a perfect patch-level map: {metrics.get('test/rollout_outside_head_floor', float('nan')):.1%})"
+            )
+        lines.append(sink)
     lines += [
         "  review the maps   .venv/bin/jupyter lab notebooks/attention_review.ipynb",
         "                    (headless: .venv/bin/python -m vit_ct.review -> outputs/review/)",

@@ -172,6 +172,20 @@ class CTSliceDataset(Dataset):
         return item
 
 
+class RandWindowedNoised(mt.RandGaussianNoised):
+    """Gaussian noise on the pixels a window shows, the way noise in HU looks once windowed: a pixel a window clips
+    (air below it, bone above it) stays clipped. Noise added to the clipped floor would turn air into faint tissue,
+    which no scanner produces and which the model's air mask (``ViTClassifier(mask_air=True)``) would then miss."""
+
+    def __call__(self, data):
+        before = {key: torch.as_tensor(data[key]) for key in self.key_iterator(data)}
+        out = super().__call__(data)
+        for key, image in before.items():
+            shown = (image > 0) & (image < 1)
+            out[key] = torch.where(shown, torch.as_tensor(out[key]).clamp(0, 1), image)
+        return out
+
+
 def train_augmentation(img_size: int):
     """MONAI geometric + intensity augmentation; the mask follows every geometric transform."""
     keys = ["image", "mask", "head"]
@@ -187,7 +201,7 @@ def train_augmentation(img_size: int):
                 mode=("bilinear", "nearest", "nearest"),
                 padding_mode="zeros",
             ),
-            mt.RandGaussianNoised("image", prob=0.3, std=0.02),
+            RandWindowedNoised("image", prob=0.3, std=0.02),
             mt.RandAdjustContrastd("image", prob=0.3, gamma=(0.8, 1.25)),
         ]
     )

@@ -246,6 +246,14 @@ class LocalisationMetrics(Metric):
         return {**means, "slices": self.slices}
 
 
+def upsample(maps: torch.Tensor, size: tuple[int, int] | torch.Size) -> torch.Tensor:
+    """``(B, grid_h, grid_w)`` patch maps -> ``(B, *size)`` float32, bilinearly, clipped at 0: how every map is
+    brought to the slice grid (float32 also under AMP: fewer false ties)."""
+    with torch.autocast(maps.device.type, enabled=False):
+        heat = F.interpolate(maps[:, None].float(), size=tuple(size), mode="bilinear", align_corners=False)
+    return heat[:, 0].clamp_min(0)
+
+
 def upsampled_rollout(model: nn.Module, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Logits and the attention rollout bilinearly upsampled to the input's ``(B, S, S)``.
 
@@ -256,20 +264,22 @@ def upsampled_rollout(model: nn.Module, image: torch.Tensor) -> tuple[torch.Tens
     """
     with torch.no_grad():
         logits, rollout = model.explain(image)
-        with torch.autocast(image.device.type, enabled=False):  # float32 maps also under AMP: fewer false ties
-            heat = F.interpolate(rollout[:, None].float(), size=image.shape[-2:], mode="bilinear", align_corners=False)
-    return logits, heat[:, 0].clamp_min(0)  # (B, S, S)
+    return logits, upsample(rollout, image.shape[-2:])  # (B, S, S)
 
 
-def localisation_maps(model: nn.Module, batch: dict) -> dict[str, torch.Tensor]:
+def localisation_maps(
+    model: nn.Module | None, batch: dict, *, rollout: torch.Tensor | None = None
+) -> dict[str, torch.Tensor]:
     """The maps localisation scores on the model grid, each ``(B, S, S)``.
 
     ``rollout``: the model's attention rollout, upsampled; ``floor_image``: the first window of the image itself
     (acute blood is bright); ``floor_head``: the head mask (uniform over the head: chance).
 
     Args:
-        model: see :func:`upsampled_rollout`.
+        model: see :func:`upsampled_rollout`; may be None when ``rollout`` is given.
         batch: a :class:`vit_ct.CTBatch` (``image`` and ``head`` are read).
+        rollout: ``(B, grid_h, grid_w)`` rollout already computed for this batch; None: the model's.
     """
-    _, rollout = upsampled_rollout(model, batch["image"])
-    return {"rollout": rollout, "floor_image": batch["image"][:, 0].float(), "floor_head": batch["head"][:, 0].float()}
+    size = batch["image"].shape[-2:]
+    heat = upsampled_rollout(model, batch["image"])[1] if rollout is None else upsample(rollout, size)
+    return {"rollout": heat, "floor_image": batch["image"][:, 0].float(), "floor_head": batch["head"][:, 0].float()}

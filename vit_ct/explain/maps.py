@@ -4,11 +4,59 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 from torch import nn
 
 from vit_ct.explain.attention import num_prefix_tokens, patch_grid, record_attention
 from vit_ct.explain.rollout import HeadFusion, class_token_rollout, gradient_rollout
+
+
+@dataclass
+class Explained:
+    """What one recorded forward pass gives: the model's output, the attention rollout and the attention rows of the
+    class token (what the sink metrics of :mod:`vit_ct.explain.sink` read)."""
+
+    output: Any
+    rollout: torch.Tensor  # (B, grid_h, grid_w) float32, non-negative
+    class_attention: torch.Tensor  # (B, blocks, T) float32: the class token's head-fused row per block, sums to 1
+
+
+def explain_forward(
+    model: nn.Module,
+    forward: Callable[[], Any],
+    image_shape: tuple[int, ...] | torch.Size,
+    *,
+    head_fusion: HeadFusion = "mean",
+    discard_ratio: float = 0.0,
+) -> Explained:
+    """Runs ``forward()`` with the attention of ``model`` recorded and rolls it out: the one rollout path of vit-ct
+    (training metrics, predict, review), the memory-lean way: heads fused in the hook, class-token row only.
+
+    Gradients follow whatever mode the caller is in; the recorded attention is detached either way.
+
+    Args:
+        model: a timm `VisionTransformer` or a module holding one; ``forward`` runs it once on one batch.
+        forward: the forward pass, e.g. ``lambda: model(images)``; its result is returned as ``output``.
+        image_shape: `(B, C, H, W)` of the batch, for the patch grid.
+        head_fusion: `mean`, `max` or `min` over the heads of each block.
+        discard_ratio: fraction in [0, 1) of each image's lowest patch-to-patch weights zeroed per block.
+    """
+    with record_attention(model, head_fusion=head_fusion) as attentions:
+        output = forward()
+    rollout = class_token_rollout(
+        attentions,
+        head_fusion=head_fusion,
+        discard_ratio=discard_ratio,
+        num_prefix_tokens=num_prefix_tokens(model),
+        grid_size=patch_grid(model, image_shape),
+    )
+    rows = torch.stack([a[:, 0, 0] for a in attentions], dim=1).float()  # (B, blocks, T)
+    rows = rows / rows.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)  # max/min fusion
+    return Explained(output, rollout.float(), rows)
 
 
 def explain_rollout(
@@ -21,8 +69,7 @@ def explain_rollout(
 def rollout_with_output(
     model: nn.Module, images: torch.Tensor, *, head_fusion: HeadFusion = "mean", discard_ratio: float = 0.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The model's output and attention-rollout maps of a batch from one forward pass, the memory-lean way: heads
-    fused in the hook, class-token row only. The one rollout path of vit-ct (training metrics, predict, review).
+    """The model's output and attention-rollout maps of a batch from one forward pass (:func:`explain_forward`).
 
     Call `model.eval()` first, or attention dropout makes the maps random.
 
@@ -37,16 +84,11 @@ def rollout_with_output(
         `(output, maps)`: what `model(images)` returns, and `(B, grid_h, grid_w)` float32 maps, non-negative, on the
         device of `images`.
     """
-    with torch.no_grad(), record_attention(model, head_fusion=head_fusion) as attentions:
-        output = model(images)
-    maps = class_token_rollout(
-        attentions,
-        head_fusion=head_fusion,
-        discard_ratio=discard_ratio,
-        num_prefix_tokens=num_prefix_tokens(model),
-        grid_size=patch_grid(model, images.shape),
-    )
-    return output, maps.float()
+    with torch.no_grad():
+        explained = explain_forward(
+            model, lambda: model(images), images.shape, head_fusion=head_fusion, discard_ratio=discard_ratio
+        )
+    return explained.output, explained.rollout
 
 
 def _target_logit(logits: torch.Tensor, target: int | torch.Tensor | None) -> torch.Tensor:

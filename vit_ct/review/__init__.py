@@ -29,6 +29,7 @@ from vit_ct.review.cases import (
     roc_points,
     run_config,
     run_review,
+    sink_summary,
     source_map,
     summary_metrics,
 )
@@ -60,6 +61,7 @@ __all__ = [
     "roc_points",
     "run_config",
     "run_review",
+    "sink_summary",
     "source_map",
     "summary_metrics",
 ]

@@ -35,6 +35,7 @@ from vit_ct.explain.localisation import (
 )
 from vit_ct.explain.maps import explain_gradient_rollout
 from vit_ct.explain.rollout import last_block_attention, per_block_maps, per_head_maps
+from vit_ct.explain.sink import air_patches, class_token_shares, sink_per_slice
 from vit_ct.model import ViTClassifier
 from vit_ct.runs import LATEST_SUMMARY
 
@@ -202,7 +203,9 @@ def run_review(
         One row per slice, indexed by its row in the split (``index``): ``image`` (as in the manifest),
         ``image_path``, ``mask_path`` (None without a mask), ``frame``, ``label`` (Int64: 0/1 lesion, <NA> when
         unknown), ``prob`` (P(lesion)), ``group`` (:func:`outcome` at ``threshold``), ``rows``, ``cols`` (the source
-        slice), ``rollout`` (the ``(grid_h, grid_w)`` map; :func:`source_map` brings it to the source grid), and per
+        slice), ``rollout`` (the ``(grid_h, grid_w)`` map; :func:`source_map` brings it to the source grid), the
+        attention sink (:func:`vit_ct.explain.sink.sink_per_slice`: ``rollout_air``, ``rollout_outside_head``, and
+        ``cls_prefix`` / ``cls_air`` arrays with one share per block), and per
         map source (``rollout``, ``floor_image``, ``floor_head``) the localisation scores ``{source}_{score}`` on
         the model grid, as the model's ``test/`` metrics, NaN where the slice has no lesion mask.
     """
@@ -213,12 +216,13 @@ def run_review(
     records = []
     for batch in track(loader, description="reviewing slices", disable=not progress, transient=True):
         batch = {k: v.to(model.device) if torch.is_tensor(v) else v for k, v in batch.items()}
-        with torch.no_grad():
-            logits, rollout = model.explain(batch["image"])
+        explained = model.explained(batch["image"])
+        logits, rollout = explained.output, explained.rollout
         prob = lesion_probability(model, logits).cpu().numpy()
-        scores = {}
+        sink = sink_per_slice(rollout, explained.class_attention, batch["head"], model.num_prefix)
+        scores = {name: sink[name] for name in ("rollout_air", "rollout_outside_head")}
         if batch["has_mask"].any():
-            for source, maps in localisation_maps(model, batch).items():
+            for source, maps in localisation_maps(model, batch, rollout=rollout).items():
                 per_slice = localisation_scores(
                     maps,
                     batch["mask"][:, 0],
@@ -244,6 +248,8 @@ def run_review(
                     "rows": int(batch["source_shape"][i, 0]),
                     "cols": int(batch["source_shape"][i, 1]),
                     "rollout": rollout[i].float().cpu().numpy(),
+                    "cls_prefix": sink["cls_prefix"][i].cpu().numpy(),  # per block
+                    "cls_air": sink["cls_air"][i].cpu().numpy(),
                     **{name: float(values[i]) for name, values in scores.items()},
                 }
             )
@@ -347,6 +353,17 @@ def expected_calibration_error(bins: pd.DataFrame) -> float:
     return float((gap * full["count"]).sum() / full["count"].sum()) if len(full) else float("nan")
 
 
+def sink_summary(table: pd.DataFrame) -> pd.DataFrame:
+    """The attention sink over the reviewed slices, per block: the class token's mean attention on prefix tokens
+    (class token, registers) and on air patches; the table's ``attrs`` carry the mean ``rollout_air`` (share of
+    the rollout on patches without a head pixel) and ``rollout_outside_head`` (on the slice grid)."""
+    blocks = pd.DataFrame(
+        {name: np.stack(table[name].to_numpy()).mean(axis=0) for name in ("cls_prefix", "cls_air")}
+    ).rename_axis("block")
+    blocks.attrs = {name: float(table[name].mean()) for name in ("rollout_air", "rollout_outside_head")}
+    return blocks
+
+
 def localisation_summary(table: pd.DataFrame) -> pd.DataFrame | None:
     """Mean localisation scores per map source over the scored slices, as the model's ``test/{source}_{score}``
     (``energy_ratio`` = mean energy / mean mask fraction); None when no slice has a lesion mask."""
@@ -400,6 +417,7 @@ class CaseMaps:
     maps: dict[str, np.ndarray]  # METHODS -> (rows, cols)
     heads: np.ndarray  # (heads, rows, cols): class token's attention per head, last block
     blocks: np.ndarray  # (blocks, rows, cols): class token's attention per block, heads fused
+    sink: pd.DataFrame  # per block: the class token's attention on prefix tokens and on air patches (heads averaged)
 
 
 def case_maps(model: ViTClassifier, datamodule: CTSliceDataModule, row: pd.Series) -> CaseMaps:
@@ -407,11 +425,12 @@ def case_maps(model: ViTClassifier, datamodule: CTSliceDataModule, row: pd.Serie
     class-token attention, of the slice of a :func:`run_review` row."""
     item = datamodule.predict_dataloader().dataset.load(int(row.name))
     image = item["image"][None].to(model.device)  # (1, C, S, S)
-    with torch.no_grad():
-        _, rollout = model.explain(image)
-        with record_attention(model) as attentions:  # every head
-            model(image)
+    _, rollout = model.explain(image)
+    with torch.no_grad(), record_attention(model) as attentions:  # every head
+        model(image)
     prefix, grid = num_prefix_tokens(model), patch_grid(model, image.shape)
+    class_rows = torch.stack([a.float().mean(dim=1)[:, 0] for a in attentions], dim=1)  # (1, blocks, T)
+    on_prefix, on_air = class_token_shares(class_rows, air_patches(item["head"][None], grid), prefix)
     fusion = model.hparams.rollout_head_fusion
     gradient = explain_gradient_rollout(model, image, target=1 if model.task == "binary" else None)
     last = last_block_attention(attentions, fusion, num_prefix_tokens=prefix, grid_size=grid)
@@ -431,6 +450,9 @@ def case_maps(model: ViTClassifier, datamodule: CTSliceDataModule, row: pd.Serie
         maps={name: to_source(m) for name, m in named.items()},
         heads=to_source(heads[0]),
         blocks=to_source(blocks[0]),
+        sink=pd.DataFrame({"cls_prefix": on_prefix[0].cpu().numpy(), "cls_air": on_air[0].cpu().numpy()}).rename_axis(
+            "block"
+        ),
     )
 
 
@@ -438,8 +460,15 @@ def case_maps(model: ViTClassifier, datamodule: CTSliceDataModule, row: pd.Serie
 
 
 def review_csv(table: pd.DataFrame) -> pd.DataFrame:
-    """The table without its in-memory maps, for a CSV."""
-    return table.drop(columns=["rollout"]).reset_index()
+    """The table without its in-memory maps, for a CSV; the per-block sink shares as ``cls_prefix_b{i}`` and
+    ``cls_air_b{i}`` columns, as in ``predictions.csv``."""
+    out = table.drop(columns=["rollout", "cls_prefix", "cls_air"], errors="ignore")
+    for name in ("cls_prefix", "cls_air"):
+        if name in table and len(table):
+            blocks = np.stack(table[name].to_numpy())  # (slices, blocks)
+            for b in range(blocks.shape[1]):
+                out[f"{name}_b{b}"] = blocks[:, b]
+    return out.reset_index()
 
 
 def export_flagged(

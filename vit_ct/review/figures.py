@@ -173,8 +173,12 @@ def plot_heads(case: CaseMaps, *, window="brain", alpha: float = 0.5) -> Figure:
 
 
 def plot_blocks(case: CaseMaps, *, window="brain", alpha: float = 0.5) -> Figure:
-    """The class token's attention in every block (heads fused), first block first."""
-    blocks = {f"block {i}": heat for i, heat in enumerate(case.blocks)}
+    """The class token's attention in every block (heads fused), first block first; each panel's title gives the
+    block's attention on the prefix tokens (class token, registers) and on air patches, heads averaged."""
+    blocks = {
+        f"block {i}: prefix {share.cls_prefix:.0%}, air {share.cls_air:.0%}": heat
+        for (i, share), heat in zip(case.sink.iterrows(), case.blocks, strict=True)
+    }
     return plot_overlays(case.hu, blocks, case.mask, window=window, alpha=alpha, title="per block, heads fused")
 
 
