@@ -133,7 +133,6 @@ class ViTClassifier(L.LightningModule):
         # `weights` is a start point, not part of the model: a checkpoint must load without that file.
         self.save_hyperparameters(ignore=["optimizer", "scheduler", "weights"])
         self.hparams.num_classes = num_classes  # resolved (the CLI hands its own config to save_hyperparameters)
-        self._recording_graph = False
         self.task = "multilabel" if multilabel else ("binary" if num_classes == 2 else "multiclass")
         self.configure_network()
         self.configure_losses()
@@ -228,18 +227,20 @@ class ViTClassifier(L.LightningModule):
         """Logits ``(B, num_classes)`` for windowed slices ``(B, in_chans, img_size, img_size)``."""
         return self.vit.forward_head(self.forward_features(image))
 
-    def forward_features(self, image: torch.Tensor) -> torch.Tensor:
+    def forward_features(self, image: torch.Tensor, *, checkpoint_blocks: bool = True) -> torch.Tensor:
         """Tokens ``(B, T, D)`` after the final norm: timm's ``forward_features``, with air patches masked as
-        attention keys when ``mask_air`` (see :func:`attention_keys`)."""
+        attention keys when ``mask_air`` (see :func:`attention_keys`). ``checkpoint_blocks=False`` runs every block
+        plainly even with gradient checkpointing on (attention recorded in the graph would be recorded again when a
+        checkpointed block is recomputed in the backward pass)."""
         vit = self.vit
         mask_air = self.hparams.get("mask_air", False)
-        if not mask_air and not self._recording_graph:
+        if not mask_air and checkpoint_blocks:
             return vit.forward_features(image)
         keys = attention_keys(image, self.hparams.patch_size, vit.num_prefix_tokens) if mask_air else None
         # timm's own loop skips gradient checkpointing when given a mask: the blocks are run here instead
         x = vit.norm_pre(vit.patch_drop(vit._pos_embed(vit.patch_embed(image))))
         for block in vit.blocks:
-            if vit.grad_checkpointing and torch.is_grad_enabled() and not self._recording_graph:
+            if vit.grad_checkpointing and torch.is_grad_enabled() and checkpoint_blocks:
                 x = checkpoint(block, x, attn_mask=keys, use_reentrant=False)
             else:
                 x = block(x, attn_mask=keys)
@@ -256,14 +257,8 @@ class ViTClassifier(L.LightningModule):
     def _losses(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
         image, label = batch["image"], batch["label"]
         if self.hparams.get("attention_loss_weight", 0.0) > 0:
-            # the attention loss needs the attention in the graph: a checkpointed block would record it again in
-            # the backward pass, so blocks are not checkpointed while it is recorded
-            self._recording_graph = True
-            try:
-                with record_attention(self, head_fusion="mean", keep_graph=True) as attentions:
-                    tokens = self.forward_features(image)  # (B, T, D)
-            finally:
-                self._recording_graph = False
+            with record_attention(self, head_fusion="mean", keep_graph=True) as attentions:
+                tokens = self.forward_features(image, checkpoint_blocks=False)  # (B, T, D)
         else:
             attentions, tokens = None, self.forward_features(image)
         logits = self.vit.forward_head(tokens).float()  # losses and metrics in float32, also under AMP
@@ -302,7 +297,7 @@ class ViTClassifier(L.LightningModule):
         def cross_entropy(share: torch.Tensor) -> torch.Tensor:
             return -(target * share.clamp_min(1e-6).log()).sum(dim=1).mean()
 
-        if self.hparams.get("attention_target", "class_token") == "rollout":
+        if self.hparams.get("attention_target", "rollout") == "rollout":
             grid = self.vit.patch_embed.grid_size
             rollout = class_token_rollout(attentions, num_prefix_tokens=prefix, grid_size=grid).flatten(1)  # (b, N)
             return cross_entropy(rollout / rollout.sum(dim=1, keepdim=True).clamp_min(1e-12))
@@ -375,13 +370,10 @@ class ViTClassifier(L.LightningModule):
             num_prefix_tokens=self.num_prefix,
             patch_size=self.hparams.patch_size,
         )
-        if not scored.any():
-            return
         spacing = batch.get("pixel_spacing_mm")  # model grid, when the batch has it
-        spacing = spacing[scored] if torch.is_tensor(spacing) else spacing
-        for source, source_maps in maps.items():
+        for source, source_maps in maps.items():  # each metric scores only the slices with a lesion inside the head
             self.localisation[stage][source].update(
-                source_maps[scored], mask[scored], head[scored], pixel_spacing_mm=spacing
+                source_maps, mask, head, known=batch["has_mask"], pixel_spacing_mm=spacing
             )
 
     def _log_localisation(self, stage: str) -> None:

@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torchmetrics import Metric
 
+from vit_ct.explain.localisation import upsample
+
 
 def air_patches(head: torch.Tensor, grid_size: tuple[int, int]) -> torch.Tensor:
     """Patches without a single head pixel.
@@ -70,7 +72,7 @@ def patch_level_floor(mask: torch.Tensor, patch_size: int) -> torch.Tensor:
         ``(B, S, S)`` float32, non-negative.
     """
     pooled = F.avg_pool2d(mask[:, None].float(), patch_size)
-    return F.interpolate(pooled, size=mask.shape[-2:], mode="bilinear", align_corners=False)[:, 0].clamp_min(0)
+    return upsample(pooled[:, 0], mask.shape[-2:])
 
 
 def sink_per_slice(
@@ -89,7 +91,7 @@ def sink_per_slice(
         bilinearly), ``cls_prefix`` and ``cls_air`` ``(B, blocks)``; float64.
     """
     air = air_patches(head, rollout.shape[-2:])
-    heat = F.interpolate(rollout[:, None].float(), size=head.shape[-2:], mode="bilinear", align_corners=False)[:, 0]
+    heat = upsample(rollout, head.shape[-2:])
     prefix, on_air = class_token_shares(class_attention, air, num_prefix_tokens)
     return {
         "rollout_air": mass_share(rollout, air),

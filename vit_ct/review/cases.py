@@ -417,7 +417,7 @@ class CaseMaps:
     maps: dict[str, np.ndarray]  # METHODS -> (rows, cols)
     heads: np.ndarray  # (heads, rows, cols): class token's attention per head, last block
     blocks: np.ndarray  # (blocks, rows, cols): class token's attention per block, heads fused
-    sink: pd.DataFrame  # per block: the class token's attention on prefix tokens and on air patches (heads averaged)
+    sink: pd.DataFrame  # per block: the class token's attention on prefix tokens and on air patches (heads fused)
 
 
 def case_maps(model: ViTClassifier, datamodule: CTSliceDataModule, row: pd.Series) -> CaseMaps:
@@ -425,12 +425,13 @@ def case_maps(model: ViTClassifier, datamodule: CTSliceDataModule, row: pd.Serie
     class-token attention, of the slice of a :func:`run_review` row."""
     item = datamodule.predict_dataloader().dataset.load(int(row.name))
     image = item["image"][None].to(model.device)  # (1, C, S, S)
-    _, rollout = model.explain(image)
+    explained = model.explained(image)
+    rollout = explained.rollout
     with torch.no_grad(), record_attention(model) as attentions:  # every head
         model(image)
     prefix, grid = num_prefix_tokens(model), patch_grid(model, image.shape)
-    class_rows = torch.stack([a.float().mean(dim=1)[:, 0] for a in attentions], dim=1)  # (1, blocks, T)
-    on_prefix, on_air = class_token_shares(class_rows, air_patches(item["head"][None], grid), prefix)
+    air = air_patches(item["head"][None], grid)
+    on_prefix, on_air = class_token_shares(explained.class_attention, air, prefix)
     fusion = model.hparams.rollout_head_fusion
     gradient = explain_gradient_rollout(model, image, target=1 if model.task == "binary" else None)
     last = last_block_attention(attentions, fusion, num_prefix_tokens=prefix, grid_size=grid)
