@@ -1,23 +1,30 @@
 """Training throughput of vit-ct on CPU, side by side in one run, as a markdown table.
 
-Compares (images/s, data in memory): the vit-ct Lightning Trainer vs a plain PyTorch loop on the same timm ViT and
-batches; bf16-mixed vs fp32, and which one ``precision: auto`` takes on this machine; ``torch.compile`` vs eager for the
+Compares: ``vit-ct fit`` on the demo config as a user runs it (the synthetic set read from disk and cached, batches
+augmented, the demo model with its losses) vs a plain PyTorch loop over the same batches already in memory, with the
+same model, losses and optimizer, and where the fit's step time goes (waiting for data vs computing); then (images/s,
+data in memory): the vit-ct Lightning Trainer vs a plain PyTorch loop on the same timm ViT and batches; bf16-mixed
+vs fp32, and which one ``precision: auto`` takes on this machine; ``torch.compile`` vs eager for the
 training step and for inference (compile time reported apart); activation checkpointing on vs off (speed, and the
 memory autograd holds for the backward pass); 1 vs 2 DDP processes (gloo) on the same cores; two trainings side by side
 on the same cores with OpenMP's default spin-waiting vs the passive waiting vit-ct sets. The default model is the
 demo's (ViT-Ti width, 6 blocks, 128 x 128, batch 32). Takes ~6-10 minutes on 2 cores:
 
-    python benchmarks/training_throughput.py [--steps 12] [--warmup 3]
+    python benchmarks/training_throughput.py [--steps 12] [--warmup 3] [--only-pipeline]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import copy
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import lightning as L
 import torch
@@ -26,9 +33,14 @@ from lightning.pytorch import Callback
 from torch.utils.data import DataLoader
 
 from vit_ct import ViTClassifier
+from vit_ct.cli import main as vit_ct
 from vit_ct.hardware import auto_precision, describe_machine, usable_cpus
 
+# The demo's network; the in-memory rows train it on random images without masks, so without the mask-supervised losses
 MODEL = {"arch": "vit_tiny_patch16_224", "depth": 6, "img_size": 128, "patch_loss_weight": 0.0, "drop_path_rate": 0.1}
+MODEL["attention_loss_weight"] = 0.0
+DEMO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
+DEMO_DATA = Path("data/synthetic").resolve()  # where `make demo` builds the set (built here if it is not)
 
 
 def make_batches(n: int, batch_size: int, img_size: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
@@ -51,6 +63,84 @@ class StepTimer(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.end = time.perf_counter()
+
+
+class PipelineTimer(Callback):
+    """Per training step after ``warmup``: the wait for its batch (from the previous step's end to this one's start:
+    fetching, collating, moving to the device, augmenting) and its compute (forward, backward, optimizer, logging)."""
+
+    def __init__(self, warmup: int) -> None:
+        self.warmup, self.ends, self.waits, self.computes = warmup, [], [], []
+        self._start = None
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._start = time.perf_counter()
+        if batch_idx >= self.warmup:
+            self.waits.append(self._start - self.ends[-1])
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.ends.append(time.perf_counter())
+        if batch_idx >= self.warmup:
+            self.computes.append(self.ends[-1] - self._start)
+
+    @property
+    def seconds(self) -> float:
+        """Wall time of the timed steps, each with its own wait for data."""
+        return self.ends[-1] - self.ends[self.warmup - 1]
+
+
+@contextlib.contextmanager
+def working_directory(folder: str):
+    """``contextlib.chdir`` before Python 3.11: the run folder and W&B's files go into ``folder``."""
+    before = os.getcwd()
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
+def demo_pipeline(args: argparse.Namespace, precision: str) -> dict[str, float]:
+    """``vit-ct fit --config configs/demo.yaml`` as the command builds it (data module, model, trainer with its progress
+    bar, W&B logger offline and callbacks; no validation) vs a plain loop over the same first batches, un-augmented and
+    already in memory, with a copy of the same model, its losses and the same optimizer."""
+    steps = args.warmup + args.steps
+    with tempfile.TemporaryDirectory() as folder, working_directory(folder):
+        os.environ.setdefault("WANDB_MODE", "offline")
+        cli = vit_ct(
+            ["--config", str(DEMO_CONFIG), "--data.init_args.root", str(DEMO_DATA), "--trainer.precision",
+             precision, "--trainer.max_steps", str(steps), "--trainer.limit_val_batches", "0"],
+            run=False,
+        )  # fmt: skip
+        data, model = cli.datamodule, cli.model
+        untrained = copy.deepcopy(model)
+        timer = PipelineTimer(args.warmup)
+        cli.trainer.callbacks.append(timer)
+        cli.trainer.fit(model, datamodule=data)
+    fit = data.batch_size * args.steps / timer.seconds
+    waits, computes = sum(timer.waits) / args.steps, sum(timer.computes) / args.steps
+
+    loader = iter(data.train_dataloader())
+    batches = [next(loader) for _ in range(steps)]  # the data module's batches, as the loader gives them
+    model = untrained.train()
+    optimizer = torch.optim.AdamW(model._param_groups(), lr=model.hparams.lr)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if precision.startswith("bf16") else contextlib.nullcontext()
+    for i, batch in enumerate(batches):
+        if i == args.warmup:
+            start = time.perf_counter()
+        with autocast:
+            loss = model._losses(batch)[0]
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    plain = data.batch_size * args.steps / (time.perf_counter() - start)
+
+    generator = torch.Generator().manual_seed(0)
+    start = time.perf_counter()
+    for batch in batches:
+        data.augmentation(batch, generator)
+    augment = 1000 * (time.perf_counter() - start) / len(batches)
+    return {"fit": fit, "plain": plain, "wait_ms": 1000 * waits, "compute_ms": 1000 * computes, "augment_ms": augment}
 
 
 def lightning_throughput(model: ViTClassifier, batches: list[dict], warmup: int, **trainer_kwargs) -> float:
@@ -190,6 +280,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--threads", type=int, default=min(2, usable_cpus()), help="CPU threads in all")
+    parser.add_argument("--only-pipeline", action="store_true", help="only the demo fit vs plain loop rows")
     parser.add_argument("--ddp-child", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--pair-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -199,13 +290,24 @@ def main() -> None:
         return pair_child(args)
 
     torch.set_num_threads(args.threads)
+    chosen, reason = auto_precision("cpu")
+    rows, where = [], []
+    for precision in dict.fromkeys(["32-true", chosen]):  # fp32, and bf16 where `auto` takes it
+        run = demo_pipeline(args, precision)
+        name = "`vit-ct fit` demo config, real pipeline (from disk, augmented) vs plain loop, batches in memory"
+        name += f" ({precision})"
+        rows.append((name, f"{run['fit']:.1f}", f"{run['plain']:.1f}", run["fit"] / run["plain"]))
+        where.append(f"{precision}: per step {run['wait_ms']:.0f} ms waiting for the batch (loading from the cache,"
+                     f" collating, augmenting: {run['augment_ms']:.0f} ms of it augmentation) and"
+                     f" {run['compute_ms']:.0f} ms computing")  # fmt: skip
+    if args.only_pipeline:
+        return print_table(args, rows, where, chosen, reason)
     batches = make_batches(args.warmup + args.steps, args.batch_size, MODEL["img_size"])
 
     def fresh(**overrides) -> ViTClassifier:
         torch.manual_seed(0)
         return ViTClassifier(**{**MODEL, **overrides})
 
-    rows = []
     plain_throughput(fresh(), batches[:3], 1)  # one-time start-up costs (allocator, oneDNN kernels) go here
     plain = plain_throughput(fresh(), batches, args.warmup)
     fp32 = lightning_throughput(fresh(), batches, args.warmup)
@@ -235,7 +337,10 @@ def main() -> None:
     rows.append(("one training alone vs each of two side by side (passive waiting)",
                  f"{plain:.1f}", f"{passive:.1f}", plain / passive))  # fmt: skip
 
-    chosen, reason = auto_precision("cpu")
+    print_table(args, rows, where, chosen, reason)
+
+
+def print_table(args: argparse.Namespace, rows: list, where: list[str], chosen: str, reason: str) -> None:
     print(f"\nvit-ct training throughput on {describe_machine()}; {args.threads} threads, {MODEL['arch']} depth "
           f"{MODEL['depth']}, {MODEL['img_size']}x{MODEL['img_size']}, batch {args.batch_size}, {args.steps} timed "
           f"steps. precision: auto takes {chosen} here ({reason}).\n")  # fmt: skip
@@ -243,6 +348,7 @@ def main() -> None:
     print("|---|---:|---:|---:|")
     for name, a, b, ratio in rows:
         print(f"| {name} | {a} | {b} | {ratio:.2f} |")
+    print("\nWhere the demo fit's step time goes: " + "; ".join(where) + ".")
 
 
 if __name__ in ("__main__", "main"):

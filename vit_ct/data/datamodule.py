@@ -16,14 +16,26 @@ import numpy as np
 import pandas as pd
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
-from monai import transforms as mt
-from monai.data.utils import worker_init_fn
 from rich.progress import track
 from torch.utils.data import DataLoader, Dataset, WeightedRandomSampler
 
-from vit_ct.data.distributed import EpochShuffleSampler, MarkedPaddingSampler, ResumableDataLoader, decode_index, global_seed
+from vit_ct.data.augment import BatchAugmentation
+from vit_ct.data.distributed import (
+    EpochShuffleSampler,
+    MarkedPaddingSampler,
+    ResumableDataLoader,
+    decode_index,
+    global_seed,
+)
 from vit_ct.data.grid import to_model_grid
-from vit_ct.data.manifest import manifest_frame, assign_splits, check_label_range, read_manifest, validate_manifest_files, write_bad_files
+from vit_ct.data.manifest import (
+    assign_splits,
+    check_label_range,
+    manifest_frame,
+    read_manifest,
+    validate_manifest_files,
+    write_bad_files,
+)
 from vit_ct.data.reader import load_ct_slice, load_mask, read_pixel_spacing
 from vit_ct.data.splits import SPLIT_FRACTIONS
 from vit_ct.data.windows import AIR_HU, parse_windows, stack_windows
@@ -105,7 +117,6 @@ class CTSliceDataset(Dataset):
         windows: HU windows, one channel each.
         img_size: Side of the model input.
         label_columns: Multi-label columns; None reads ``label``.
-        transform: MONAI dictionary transform over ``image`` and ``mask`` (training augmentation).
         cache: Keep every preprocessed slice in memory after the first read.
     """
 
@@ -116,14 +127,12 @@ class CTSliceDataset(Dataset):
         windows: Sequence[tuple[float, float]],
         img_size: int,
         label_columns: Sequence[str] | None = None,
-        transform=None,
         cache: bool = False,
     ) -> None:
         self.table = table.reset_index(drop=True)
         self.windows = list(windows)
         self.img_size = img_size
         self.label_columns = list(label_columns) if label_columns else None
-        self.transform = transform
         self._cache: dict[int, dict] | None = {} if cache else None
 
     def __len__(self) -> int:
@@ -163,48 +172,7 @@ class CTSliceDataset(Dataset):
 
     def __getitem__(self, index: int) -> CTBatch:
         index, valid = decode_index(index)  # a DDP padding repeat arrives as -1 - index (vit_ct.data.distributed)
-        item = dict(self.load(index), valid=torch.tensor(valid))
-        if self.transform is not None:
-            out = self.transform({"image": item["image"], "mask": item["mask"], "head": item["head"]})
-            item["image"] = torch.as_tensor(out["image"]).float()
-            item["mask"] = (torch.as_tensor(out["mask"]) > 0.5).float()
-            item["head"] = (torch.as_tensor(out["head"]) > 0.5).float()
-        return item
-
-
-class RandWindowedNoised(mt.RandGaussianNoised):
-    """Gaussian noise on the pixels a window shows, the way noise in HU looks once windowed: a pixel a window clips
-    (air below it, bone above it) stays clipped. Noise added to the clipped floor would turn air into faint tissue,
-    which no scanner produces and which the model's air mask (``ViTClassifier(mask_air=True)``) would then miss."""
-
-    def __call__(self, data):
-        before = {key: torch.as_tensor(data[key]) for key in self.key_iterator(data)}
-        out = super().__call__(data)
-        for key, image in before.items():
-            shown = (image > 0) & (image < 1)
-            out[key] = torch.where(shown, torch.as_tensor(out[key]).clamp(0, 1), image)
-        return out
-
-
-def train_augmentation(img_size: int):
-    """MONAI geometric + intensity augmentation; the mask follows every geometric transform."""
-    keys = ["image", "mask", "head"]
-    return mt.Compose(
-        [
-            mt.RandFlipd(keys, prob=0.5, spatial_axis=1),  # left-right: heads are near symmetric
-            mt.RandAffined(
-                keys,
-                prob=0.8,
-                rotate_range=math.pi / 12,
-                scale_range=0.1,
-                translate_range=0.06 * img_size,
-                mode=("bilinear", "nearest", "nearest"),
-                padding_mode="zeros",
-            ),
-            RandWindowedNoised("image", prob=0.3, std=0.02),
-            mt.RandAdjustContrastd("image", prob=0.3, gamma=(0.8, 1.25)),
-        ]
-    )
+        return dict(self.load(index), valid=torch.tensor(valid))
 
 
 class CTSliceDataModule(L.LightningDataModule):
@@ -219,7 +187,8 @@ class CTSliceDataModule(L.LightningDataModule):
         label_columns: Multi-label data: the names of its 0/1 label columns (instead of ``label``).
         batch_size: Slices per batch (per device under DDP).
         num_workers: DataLoader worker processes.
-        augment: Random flips, rotations, scaling, shifts, noise and contrast on the training split.
+        augment: Random flips, rotations, scaling, shifts, noise and contrast on the training split, applied to whole
+            batches on the training device (:class:`~vit_ct.data.augment.BatchAugmentation`), after the cache.
         cache: Keep preprocessed slices in memory, read before the first epoch (fast epochs for sets that fit).
             Under DDP each rank caches only its shard of the evaluation splits, but the whole training split (its
             shards are dealt anew every epoch).
@@ -268,6 +237,7 @@ class CTSliceDataModule(L.LightningDataModule):
         self.predict_split = predict_split
         self.on_bad_file = on_bad_file
         self.weighted_sampler = weighted_sampler
+        self.augmentation = BatchAugmentation()
         self.table: pd.DataFrame | None = None
         self.bad_rows: list = []
         self.bad_rows_report: Path | None = None  # bad_files.csv, written when on_bad_file="skip" left rows out
@@ -332,7 +302,7 @@ class CTSliceDataModule(L.LightningDataModule):
         table = self.load_table() if self.table is None else self.table  # as `setup` read it (labelled or not)
         return table if split is None else table[table["split"] == split]
 
-    def _dataset(self, split: str | None, *, train: bool = False) -> CTSliceDataset:
+    def _dataset(self, split: str | None) -> CTSliceDataset:
         key = split or "all"
         if key not in self.datasets:
             table = self.split_table(split)
@@ -351,17 +321,7 @@ class CTSliceDataModule(L.LightningDataModule):
                 # Training shards are dealt anew every epoch: each rank caches the whole training split.
                 indices = [decode_index(i)[0] for i in MarkedPaddingSampler(self.datasets[key], **ranks)]
             self.datasets[key].fill_cache(f"reading {key} slices", indices)
-        dataset = self.datasets[key]
-        if train and self.augment:
-            dataset = CTSliceDataset(
-                dataset.table,
-                windows=self.windows,
-                img_size=self.img_size,
-                label_columns=self.label_columns,
-                transform=train_augmentation(self.img_size).set_random_state(seed=global_seed()),
-            )
-            dataset._cache = self.datasets[key]._cache  # share the preprocessed slices
-        return dataset
+        return self.datasets[key]
 
     def setup(self, stage: str) -> None:
         model = self.trainer.lightning_module if self.trainer is not None else None
@@ -369,7 +329,7 @@ class CTSliceDataModule(L.LightningDataModule):
         if self.trainer is None:
             self.report_bad_rows(self.manifest_path().resolve().parent)
         if stage == "fit":
-            self._dataset("train", train=True)
+            self._dataset("train")
             self._dataset("val")
         elif stage in ("validate", "test"):
             self._dataset("val" if stage == "validate" else "test")
@@ -384,7 +344,6 @@ class CTSliceDataModule(L.LightningDataModule):
             sampler=sampler,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
-            worker_init_fn=worker_init_fn,  # each worker reseeds MONAI's random transforms (not shared copies)
             drop_last=False,
         )
 
@@ -395,7 +354,7 @@ class CTSliceDataModule(L.LightningDataModule):
         return {"num_replicas": kwargs["num_replicas"], "rank": kwargs["rank"]} if kwargs else {}
 
     def train_dataloader(self) -> DataLoader:
-        dataset = self._dataset("train", train=True)
+        dataset = self._dataset("train")
         if self.weighted_sampler and not self.label_columns:
             labels = dataset.table["label"].to_numpy(dtype=int)
             weights = 1.0 / np.bincount(labels)[labels]
@@ -409,7 +368,6 @@ class CTSliceDataModule(L.LightningDataModule):
             batch_size=self.batch_size,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
-            worker_init_fn=worker_init_fn,  # each worker reseeds MONAI's random transforms (not shared copies)
             drop_last=False,
         )
 
@@ -427,3 +385,15 @@ class CTSliceDataModule(L.LightningDataModule):
 
     def predict_dataloader(self) -> DataLoader:
         return self._loader(self._dataset(self.predict_split))
+
+    def on_after_batch_transfer(self, batch: CTBatch, dataloader_idx: int) -> CTBatch:
+        """Augment training batches where they are now (GPU or CPU), with a generator seeded by (seed, rank, batch
+        number), so that a resumed run draws what the interrupted one would have drawn."""
+        trainer = self.trainer
+        if not (self.augment and trainer is not None and trainer.training):
+            return batch
+        image = batch["image"]
+        number = trainer.fit_loop.epoch_loop.batch_progress.total.ready  # batches drawn before this one, checkpointed
+        state = np.random.SeedSequence([global_seed(), trainer.global_rank, number]).generate_state(2)
+        generator = torch.Generator(device=image.device).manual_seed(int(state[0]) << 32 | int(state[1]))
+        return self.augmentation(batch, generator)
