@@ -112,20 +112,29 @@ class BatchAugmentation:
 
 
 def warp(tensors: dict[str, torch.Tensor], theta: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Resample every ``(B, C_k, S, S)`` tensor with the same ``(B, 2, 3)`` affine in one ``grid_sample``: bilinear,
-    zeros (air, no lesion, outside the head) where the input is left behind. Masks (``mask``, ``head``) come back
-    0/1, thresholded at one half, which is where bilinear and nearest-neighbour sampling agree on a mask's edge."""
-    names = list(tensors)
-    stacked = torch.cat([tensors[k].to(tensors["image"].dtype) for k in names], dim=1)
-    grid = F.affine_grid(theta.to(stacked.dtype), list(stacked.shape), align_corners=False)
-    moved = F.grid_sample(stacked, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
-    out, start = {}, 0
-    for name in names:
-        channels = tensors[name].shape[1]
-        part = moved[:, start : start + channels]
-        out[name] = part if name == "image" else (part > 0.5).to(tensors[name].dtype)
-        start += channels
+    """Resample every ``(B, C_k, S, S)`` tensor on the same ``(B, 2, 3)`` affine grid: ``image`` bilinear, the masks
+    (any other key) nearest-neighbour, so they stay 0/1; zeros (air, no lesion, outside the head) where the input is
+    left behind."""
+    image = tensors["image"]
+    grid = affine_grid(theta.to(image.dtype), image.shape[-1])
+    out = {"image": F.grid_sample(image, grid, mode="bilinear", padding_mode="zeros", align_corners=False)}
+    masks = [key for key in tensors if key != "image"]
+    if masks:
+        stacked = torch.cat([tensors[key].to(image.dtype) for key in masks], dim=1)
+        moved = F.grid_sample(stacked, grid, mode="nearest", padding_mode="zeros", align_corners=False)
+        for key, part in zip(masks, moved.split([tensors[key].shape[1] for key in masks], dim=1), strict=True):
+            out[key] = part.to(tensors[key].dtype)
     return out
+
+
+def affine_grid(theta: torch.Tensor, size: int) -> torch.Tensor:
+    """``F.affine_grid(theta, (B, C, size, size), align_corners=False)``, built from the pixel centres by broadcasting:
+    the same grid (to float rounding) for a tenth of the time on a CPU, where ``affine_grid``'s batched matrix
+    product dominated the augmentation."""
+    centres = (2 * torch.arange(size, device=theta.device, dtype=theta.dtype) + 1) / size - 1
+    x, y = centres.view(1, 1, -1), centres.view(1, -1, 1)
+    t = theta[..., None, None]  # (B, 2, 3, 1, 1)
+    return torch.stack([t[:, i, 0] * x + t[:, i, 1] * y + t[:, i, 2] for i in range(2)], dim=-1)
 
 
 def windowed_noise(image: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
