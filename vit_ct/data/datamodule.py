@@ -344,8 +344,14 @@ class CTSliceDataModule(L.LightningDataModule):
             sampler=sampler,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
+            pin_memory=self._pin_memory(),
             drop_last=False,
         )
+
+    def _pin_memory(self) -> bool:
+        """Page-locked batches when they go to a CUDA device: the copy then overlaps the step before."""
+        trainer = self.trainer
+        return trainer is not None and trainer.strategy.root_device.type == "cuda"
 
     def _ranks(self) -> dict[str, int]:
         """``num_replicas`` and ``rank`` of this process under a multi-process strategy, else empty."""
@@ -368,6 +374,7 @@ class CTSliceDataModule(L.LightningDataModule):
             batch_size=self.batch_size,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
+            pin_memory=self._pin_memory(),
             drop_last=False,
         )
 
