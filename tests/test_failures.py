@@ -100,6 +100,18 @@ def test_a_crash_mid_predict_leaves_the_old_outputs_whole(data, tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]
 
 
+def test_overwrite_through_a_link_replaces_the_target_and_keeps_the_link(data, tmp_path):
+    manifest, ckpt = data
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "old.txt").write_text("an earlier run")
+    link = tmp_path / "out"
+    link.symlink_to(target, target_is_directory=True)
+    _predict(manifest, ckpt, link, "--data.init_args.predict_split", "test", "--overwrite", "true")
+    assert link.is_symlink() and link.resolve() == target.resolve()
+    assert not (target / "old.txt").exists() and len(pd.read_csv(target / "predictions.csv")) == 2
+
+
 def test_overwrite_never_deletes_the_runs_own_inputs(data, tmp_path):
     manifest, _ = data
     out = tmp_path / "out"

@@ -94,7 +94,7 @@ class PredictionWriter(BasePredictionWriter):
         window: tuple[float, float] = (40.0, 80.0),
     ) -> None:
         super().__init__(write_interval="batch")
-        self.destination = Path(output_dir).absolute()
+        self.destination = Path(output_dir).resolve()  # a link to a folder: its target is replaced, the link kept
         self.overwrite = overwrite
         self.inputs = [Path(p) for p in inputs]
         check_output_dir(self.destination, overwrite=overwrite, inputs=self.inputs)
