@@ -17,7 +17,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 demo: $(VENV)/.installed
 	$(BIN)/vit-ct fit --config configs/demo.yaml
 	$(BIN)/vit-ct predict --config configs/demo.yaml --ckpt_path "$$($(BIN)/python -m vit_ct.summary best_checkpoint)" \
-		--data.init_args.predict_split test --output_dir $(OUT)
+		--data.init_args.predict_split test --output_dir $(OUT) --overwrite true
 	@$(BIN)/python -m vit_ct.summary report $(OUT)
 
 review: $(VENV)/.installed

@@ -151,3 +151,12 @@ def test_the_lightning_internals_vit_ct_relies_on_still_exist():
     assert hasattr(trainer.fit_loop, "_combined_loader_states_to_load")
     # VitCTCLI.instantiate_trainer: the user's --trainer.plugins, read from the instantiated config.
     assert callable(getattr(LightningCLI, "_get", None))
+    # BestAndLastCheckpoint: where Lightning decides on a best checkpoint (skipped for a NaN val/auroc).
+    assert callable(getattr(BestAndLastCheckpoint, "_save_monitor_checkpoint", None))
+    # VitCTCLI: --ckpt_path is checked where Lightning reads hyper-parameters from it; the default callbacks (the
+    # progress bar left out when it is switched off); the arguments the WandbLogger hands to wandb.init.
+    assert callable(getattr(LightningCLI, "_parse_ckpt_path", None))
+    assert "trainer_defaults" in LightningCLI.__init__.__code__.co_varnames
+    from lightning.pytorch.loggers import WandbLogger
+
+    assert isinstance(WandbLogger(project="p", offline=True)._wandb_init, dict)

@@ -13,6 +13,7 @@ new length from the current step).
 from __future__ import annotations
 
 import random
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +23,10 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.utilities import rank_zero_warn
 
 from vit_ct.data.filecheck import atomic_write
+from vit_ct.leftovers import remove_leftovers
 
 WANDB_RUN_ID = "wandb_run_id"  # top-level checkpoint key
 
@@ -39,6 +42,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
         if storage_options is not None or "://" in str(path):  # remote (fsspec) paths keep Lightning's writer
             return super().save_checkpoint(checkpoint, path, storage_options)
+        remove_leftovers(Path(path).parent)  # temporary files of a killed earlier save
         with atomic_write(path, durable=True) as tmp:
             torch.save(checkpoint, tmp)
 
@@ -48,16 +52,36 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         return super().load_checkpoint(path, map_location=map_location, weights_only=True)
 
 
-def read_wandb_run_id(path: str | Path) -> str | None:
-    """The W&B run id stored in a vit-ct checkpoint (None for other checkpoints); never executes code from it."""
+def read_checkpoint(path: str | Path) -> dict[str, Any]:
+    """A Lightning checkpoint's contents, tensors memory-mapped (only the small pickle is read) and no code executed.
+
+    Raises:
+        ValueError: naming the file: missing, not a ``torch.save`` archive (truncated, or another kind of file),
+            unreadable, or not a checkpoint (no ``state_dict``: a plain or timm state dict goes to ``--model.weights``).
+    """
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"checkpoint {path} does not exist")
-    try:  # mmap: only the small pickle is read, not the tensors
+    expected = "expected a .ckpt written by `vit-ct fit`"
+    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; a truncated copy loses its central directory
+        raise ValueError(
+            f"checkpoint {path} is not a torch.save archive (truncated, or another kind of file); {expected}"
+        )
+    try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as err:  # torch raises several types for corrupt or unsafe files
         raise ValueError(f"cannot read checkpoint {path}: {err}") from err
-    run_id = checkpoint.get(WANDB_RUN_ID) if isinstance(checkpoint, dict) else None
+    if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("state_dict"), dict):
+        raise ValueError(
+            f"checkpoint {path} holds no `state_dict`: {expected} (a plain or timm state dict of the network goes to"
+            " --model.weights)"
+        )
+    return checkpoint
+
+
+def read_wandb_run_id(path: str | Path) -> str | None:
+    """The W&B run id stored in a vit-ct checkpoint (None for other checkpoints); never executes code from it."""
+    run_id = read_checkpoint(path).get(WANDB_RUN_ID)
     return str(run_id) if run_id else None
 
 
@@ -124,7 +148,30 @@ class BestAndLastCheckpoint(ModelCheckpoint):
     Here every validation (and every epoch end when there is no validation) refreshes ``last.ckpt``, at whichever of
     the two hooks Lightning saves checkpoints for this trainer: the train epoch's end when validation runs once per
     epoch, the validation's end when it runs every N steps or every N epochs.
+
+    A NaN monitored value (``val/auroc`` of a validation split holding one class, where AUROC is undefined) never makes
+    a best checkpoint; Lightning would rank NaN as the worst score and still keep it while fewer than ``save_top_k``
+    exist.
     """
+
+    _warned_nan = False
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        if trainer.is_global_zero and self.dirpath:
+            remove_leftovers(self.dirpath)  # temporary files of a run killed while saving (resumed into this folder)
+
+    def _save_monitor_checkpoint(self, trainer: Trainer, monitor_candidates: dict[str, torch.Tensor]) -> None:
+        current = monitor_candidates.get(self.monitor)
+        if current is not None and torch.isnan(torch.as_tensor(current)).item():
+            if not self._warned_nan:
+                rank_zero_warn(
+                    f"{self.monitor} is NaN (undefined on this validation): no best checkpoint is chosen on it;"
+                    " last.ckpt is still written"
+                )
+                self._warned_nan = True
+            return
+        super()._save_monitor_checkpoint(trainer, monitor_candidates)
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         super().on_train_epoch_end(trainer, pl_module)

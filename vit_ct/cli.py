@@ -1,12 +1,15 @@
 """The ``vit-ct`` command: a LightningCLI (fit / validate / test / predict) with W&B tracking and checkpoints.
 
 Runs go to ``runs/<project>/<run id>/`` (checkpoints, config.yaml, summary.json; :mod:`vit_ct.runs`); ``runs/latest``
-points at the newest fit.
+points at the newest fit that wrote a checkpoint. An error prints its message and where it was raised, and exits 1;
+``--debug`` (or ``VIT_CT_DEBUG=1``) prints the full traceback instead.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+import traceback
 from pathlib import Path
 
 import torch
@@ -14,18 +17,24 @@ import yaml
 from jsonargparse import Namespace, lazy_instance
 from lightning.fabric.plugins.io import CheckpointIO, TorchCheckpointIO
 from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import LearningRateMonitor, RichProgressBar
+from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar, RichProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from rich.console import Console
 
 from vit_ct.callbacks import BadFilesReport, RolloutOverlayCallback
-from vit_ct.checkpoint import AtomicCheckpointIO, BestAndLastCheckpoint, ResumeState, read_wandb_run_id
+from vit_ct.checkpoint import (
+    AtomicCheckpointIO,
+    BestAndLastCheckpoint,
+    ResumeState,
+    read_checkpoint,
+    read_wandb_run_id,
+)
 from vit_ct.data.datamodule import CTSliceDataModule
 from vit_ct.hardware import accelerator_name, describe_machine, resolve_precision, use_usable_cpus
 from vit_ct.model import ViTClassifier
-from vit_ct.runs import run_dir, write_summary
+from vit_ct.runs import remove_run_without_checkpoint, run_dir, write_summary
 from vit_ct.trainer import Trainer as AutoPrecisionTrainer
 
 
@@ -39,16 +48,29 @@ def use_wandb_offline_unless_configured() -> None:
     os.environ["WANDB_MODE"] = "offline"
 
 
+DEBUG = "VIT_CT_DEBUG"  # set (or `--debug`): errors print their full traceback
+# values of --ckpt_path that Lightning resolves itself (not files)
+SPECIAL_CKPT_PATHS = ("best", "last", "hpc", "registry")
+
+
 class LoggedConfigCallback(SaveConfigCallback):
-    """Writes the full CLI config into the run folder and sends it to the logger (W&B), on rank 0 only."""
+    """Writes the full CLI config into the run folder and sends it to the logger (W&B), on rank 0 only. If the run
+    fails before it wrote a checkpoint, the folder it made (holding only that config) is removed again."""
+
+    created: Path | None = None  # the run folder, when this callback made it
 
     def save_config(self, trainer: Trainer, pl_module, stage: str) -> None:
         folder = run_dir(trainer)
+        self.created = None if folder.exists() else folder
         folder.mkdir(parents=True, exist_ok=True)
         self.parser.save(self.config, folder / self.config_filename, skip_none=False, overwrite=True)
         if trainer.logger is not None:
             config = yaml.safe_load(self.parser.dump(self.config, skip_none=False))
             trainer.logger.log_hyperparams(config)
+
+    def on_exception(self, trainer: Trainer, pl_module, exception: BaseException) -> None:
+        if trainer.is_global_zero and self.created is not None and remove_run_without_checkpoint(self.created):
+            rank_zero_info(f"the failed run wrote no checkpoint: its folder {self.created} was removed")
 
 
 class VitCTCLI(LightningCLI):
@@ -75,11 +97,26 @@ class VitCTCLI(LightningCLI):
         parser.link_arguments("data.init_args.label_columns", "model.class_names")
         parser.add_argument("--test_after_fit", type=bool, default=False, help="fit: test the best checkpoint after.")
         parser.add_argument("--output_dir", type=str | None, default=None, help="predict: folder of the outputs.")
+        parser.add_argument(
+            "--overwrite", type=bool, default=False, help="predict: replace a non-empty --output_dir (nothing kept)."
+        )
 
     def before_instantiate_classes(self) -> None:
         config = self.config.get(self.subcommand) if self.subcommand else self.config
         self._resolve_precision(config)
         self._continue_wandb_run(config)
+        if config.trainer.get("enable_progress_bar") is False:  # Lightning refuses a progress bar callback then
+            callbacks = [c for c in self.trainer_defaults["callbacks"] if not isinstance(c, ProgressBar)]
+            self.trainer_defaults = {**self.trainer_defaults, "callbacks": callbacks}
+
+    def _parse_ckpt_path(self) -> None:
+        """Check ``--ckpt_path`` before Lightning reads the model's hyper-parameters from it: a missing, truncated or
+        foreign file is named with what was expected, where torch would raise an error without the file's name."""
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if ckpt_path and str(ckpt_path).split(":")[0] not in SPECIAL_CKPT_PATHS and "://" not in str(ckpt_path):
+            read_checkpoint(ckpt_path)
+        super()._parse_ckpt_path()
 
     @staticmethod
     def _resolve_precision(config: Namespace) -> None:
@@ -112,6 +149,9 @@ class VitCTCLI(LightningCLI):
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
         if not trainer.loggers:  # `--trainer.logger false`: the LR monitor would refuse to start
             trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, LearningRateMonitor)]
+        for logger in trainer.loggers:
+            if isinstance(logger, WandbLogger):
+                _drop_unset_anonymous(logger)
         return trainer
 
     def _check_data(self, stage: str) -> None:
@@ -121,29 +161,55 @@ class VitCTCLI(LightningCLI):
         if check is not None:
             check(stage, num_classes=self.model.hparams.get("num_classes"))
 
+    def _refuse_predict_options(self) -> None:
+        """``--output_dir`` and ``--overwrite`` exist for every subcommand (LightningCLI shares its extra arguments)
+        but only predict uses them: elsewhere they would be silently ignored."""
+        config = self.config_init[self.subcommand]
+        for name in ("output_dir", "overwrite"):
+            if config.get(name):
+                raise ValueError(
+                    f"--{name} is an option of `vit-ct predict`, not of `vit-ct {self.subcommand}`, which writes its"
+                    f" run to runs/<project>/<run id>/ (runs/latest for the newest fit): drop --{name}"
+                )
+
     def before_fit(self) -> None:
+        self._refuse_predict_options()
         self._check_data("fit")
+        self.test_after_fit = bool(self.config_init[self.subcommand].get("test_after_fit")) and self._has_test_rows()
+
+    def _has_test_rows(self) -> bool:
+        """Whether the data has a test split to test on after fitting; says so now, before training, if it has not."""
+        manifest = getattr(self.datamodule, "manifest", None)  # None: simulated data, whose test set always exists
+        if manifest is None or len(self.datamodule.split_table("test")):
+            return True
+        rank_zero_info(f"test_after_fit: {manifest} has no rows in split 'test'; fitting without the test after it")
+        return False
 
     def before_validate(self) -> None:
+        self._refuse_predict_options()
         self._check_data("validate")
 
     def before_test(self) -> None:
+        self._refuse_predict_options()
         self._check_data("test")
 
     def before_predict(self) -> None:
-        output_dir = self.config_init[self.subcommand].get("output_dir")
-        if output_dir is None:
+        config = self.config_init[self.subcommand]
+        if config.get("output_dir") is None:
             raise ValueError("vit-ct predict needs --output_dir OUT (where predictions.csv and maps are written)")
-        self._check_data("predict")
         from vit_ct.prediction import PredictionWriter
 
-        self.trainer.callbacks.append(PredictionWriter(output_dir))
+        inputs = [p for p in (config.get("ckpt_path"), getattr(self.datamodule, "manifest", None)) if p]
+        # before reading any slice: a non-empty OUT is refused at once
+        writer = PredictionWriter(config["output_dir"], overwrite=bool(config.get("overwrite")), inputs=inputs)
+        self._check_data("predict")
+        self.trainer.callbacks.append(writer)
 
     def after_fit(self) -> None:
-        if self.config_init[self.subcommand].get("test_after_fit"):
+        if self.test_after_fit:
             checkpoint = self.trainer.checkpoint_callback
             last = getattr(checkpoint, "last_model_path", "")
-            self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path="best")
+            self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=_checkpoint_to_test(checkpoint))
             if checkpoint is not None:  # loading "best" put back the callback's state as of that epoch
                 checkpoint.last_model_path = last
         self._summarise()
@@ -166,6 +232,8 @@ class VitCTCLI(LightningCLI):
         }
         write_summary(trainer, summary)
         console = Console()
+        if not summary["best_checkpoint"] and not summary["last_checkpoint"]:
+            console.print("[bold]no checkpoint was written[/]: runs/latest does not point at this run")
         console.print(f"[bold]best checkpoint[/]  {summary['best_checkpoint']}")
         console.print(f"[bold]last checkpoint[/]  {summary['last_checkpoint']}")
         console.print(f"[bold]run folder[/]       {folder}")
@@ -173,6 +241,24 @@ class VitCTCLI(LightningCLI):
             console.print(f"[bold]W&B run[/]          {summary['wandb_dir']}")
         for key in sorted(k for k in metrics if k.startswith(("test/", "val/"))):
             console.print(f"  {key:<24} {metrics[key]:.4f}")
+
+
+def _checkpoint_to_test(checkpoint) -> str | None:
+    """``best`` when there is a best checkpoint; else the last checkpoint, or the weights in memory, said in one line
+    (without validation, or with ``val/auroc`` never defined, no checkpoint is best)."""
+    if checkpoint is not None and checkpoint.best_model_path:
+        return "best"
+    last = getattr(checkpoint, "last_model_path", "") or None
+    chosen = f"the last checkpoint {last}" if last else "the final weights in memory (no checkpoint was written)"
+    rank_zero_info(f"test_after_fit: no best checkpoint (no validation, or val/auroc undefined): testing {chosen}")
+    return last
+
+
+def _drop_unset_anonymous(logger: WandbLogger) -> None:
+    """Lightning's WandbLogger always passes ``anonymous`` to ``wandb.init`` (None when unset), and W&B (>= 0.19)
+    warns about the deprecated setting whenever it is passed at all; leave it out unless the user set it."""
+    if logger._wandb_init.get("anonymous", "set") is None:
+        del logger._wandb_init["anonymous"]
 
 
 def _is_given(value) -> bool:
@@ -194,9 +280,36 @@ def _wandb_dir(trainer: Trainer) -> str | None:
 def main(args: list[str] | None = None, *, run: bool = True) -> VitCTCLI | None:
     """Entry point of ``vit-ct`` and ``python -m vit_ct``; ``run=False`` only parses and instantiates.
 
-    Returns the CLI object when given ``args`` (from Python), else None: the console script exits with the return
-    value, and anything but None would be exit status 1.
+    Returns the CLI object when given ``args`` (from Python, where errors are raised as they are), else None: the
+    console script exits with the return value, and anything but None would be exit status 1. From the command line
+    an error prints its message and where it was raised and exits 1; ``--debug`` or ``VIT_CT_DEBUG=1``: the full
+    traceback.
     """
+    if args is not None:
+        return _cli(args, run)
+    if "--debug" in sys.argv[1:]:
+        sys.argv.remove("--debug")  # not a LightningCLI option; the variable reaches DDP's other ranks too
+        os.environ[DEBUG] = "1"
+    try:
+        _cli(None, run)
+    except Exception as err:
+        if os.environ.get(DEBUG, "") not in ("", "0"):
+            raise
+        sys.exit(_print_error(err))
+    return None
+
+
+def _print_error(err: Exception) -> int:
+    """The error's message and the line that raised it, on stderr; returns the exit status."""
+    frame = traceback.extract_tb(err.__traceback__)[-1] if err.__traceback__ else None
+    where = f" at {frame.filename}:{frame.lineno}" if frame else ""
+    kind = "" if isinstance(err, ValueError) else f"{type(err).__name__}: "  # a ValueError's message names the input
+    print(f"vit-ct: error: {kind}{err}", file=sys.stderr)
+    print(f"  ({type(err).__name__}{where}; the full traceback: rerun with --debug or {DEBUG}=1)", file=sys.stderr)
+    return 1
+
+
+def _cli(args: list[str] | None, run: bool) -> VitCTCLI:
     use_wandb_offline_unless_configured()
     use_usable_cpus()
     torch.set_float32_matmul_precision("high")
@@ -222,4 +335,4 @@ def main(args: list[str] | None = None, *, run: bool = True) -> VitCTCLI | None:
         args=args,
         run=run,
     )
-    return cli if args is not None else None
+    return cli

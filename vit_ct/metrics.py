@@ -6,12 +6,23 @@ Every metric is a torchmetrics ``Metric``, so it syncs its state across DDP rank
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Literal
 
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from torchmetrics import Metric, MetricCollection
-from torchmetrics.classification import AUROC, Accuracy, BinaryAUROC, F1Score, Recall, Specificity
+from torchmetrics.classification import (
+    Accuracy,
+    BinaryAUROC,
+    F1Score,
+    MulticlassAUROC,
+    MultilabelAUROC,
+    Recall,
+    Specificity,
+)
+from torchmetrics.utilities import dim_zero_cat
 
 Task = Literal["binary", "multiclass", "multilabel"]
 
@@ -39,13 +50,15 @@ def classification_metrics(
         label_weights: Multi-label: one weight per label for the weighted log loss; None: no such metric.
     """
     if task == "binary":
-        kwargs = {"task": "binary"}
+        kwargs, auroc = {"task": "binary"}, DefinedBinaryAUROC()
     elif task == "multiclass":
         kwargs = {"task": "multiclass", "num_classes": num_classes, "average": "macro"}
+        auroc = DefinedMulticlassAUROC(num_classes=num_classes)
     else:
         kwargs = {"task": "multilabel", "num_labels": num_classes, "average": "macro"}
+        auroc = DefinedMultilabelAUROC(num_labels=num_classes)
     metrics = {
-        "auroc": AUROC(**kwargs),
+        "auroc": auroc,
         "accuracy": Accuracy(**kwargs),
         "f1": F1Score(**kwargs),
         # Sensitivity is recall of the positive class; specificity is recall of the negative class.
@@ -60,7 +73,72 @@ def classification_metrics(
     return MetricCollection(metrics, prefix=prefix)
 
 
-class LabelAUROC(BinaryAUROC):
+# AUROC ranks positives against negatives: with one of them missing it is undefined. torchmetrics returns 0 there (and
+# counts such a class as 0 in its macro average), which reads as a model that is always wrong and, as val/auroc, would
+# pick a checkpoint. These return NaN instead (macro: the mean over the classes where AUROC is defined).
+UNDEFINED_AUROC = (
+    "AUROC is undefined where the targets hold only one class (e.g. a validation split without a bleed, or a label"
+    " never positive there): it is logged as NaN, not 0, and never chooses a best checkpoint"
+)
+_warned = {"undefined": False}  # once per process, not once per metric, stage and label
+
+
+def _warn_undefined_once() -> None:
+    if not _warned["undefined"]:
+        rank_zero_warn(UNDEFINED_AUROC)
+        _warned["undefined"] = True
+
+
+def _macro_over_defined(per_class: torch.Tensor, positives: torch.Tensor, count: int) -> torch.Tensor:
+    """Mean of the per-class AUROCs whose class has both positives and negatives; NaN (warned once) when none has."""
+    defined = (positives > 0) & (positives < count)
+    if not defined.all():
+        _warn_undefined_once()
+    return per_class[defined].mean() if defined.any() else per_class.new_tensor(float("nan"))
+
+
+class DefinedBinaryAUROC(BinaryAUROC):
+    """torchmetrics' binary AUROC, NaN (not 0) when the targets hold one class."""
+
+    def compute(self) -> torch.Tensor:
+        target = dim_zero_cat(self.target)
+        if 0 < int(target.sum()) < target.numel():
+            return super().compute()
+        _warn_undefined_once()
+        return torch.tensor(float("nan"), device=target.device)
+
+
+class _PerClassAUROC:
+    """``_per_class()``: the torchmetrics class's own AUROC of every class (``average=None``), its own warnings about
+    undefined classes silenced (UNDEFINED_AUROC says it once)."""
+
+    def _per_class(self) -> torch.Tensor:
+        average, self.average = self.average, None
+        try:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="No (positive|negative) samples", category=UserWarning)
+                return super().compute()
+        finally:
+            self.average = average
+
+
+class DefinedMulticlassAUROC(_PerClassAUROC, MulticlassAUROC):
+    """torchmetrics' one-vs-rest macro AUROC over the classes present with both outcomes; NaN when there is none."""
+
+    def compute(self) -> torch.Tensor:
+        target = dim_zero_cat(self.target).long()
+        return _macro_over_defined(self._per_class(), torch.bincount(target, minlength=self.num_classes), len(target))
+
+
+class DefinedMultilabelAUROC(_PerClassAUROC, MultilabelAUROC):
+    """torchmetrics' macro AUROC over the labels with both outcomes; NaN when there is none."""
+
+    def compute(self) -> torch.Tensor:
+        target = dim_zero_cat(self.target)
+        return _macro_over_defined(self._per_class(), (target == 1).sum(0), target.shape[0])
+
+
+class LabelAUROC(DefinedBinaryAUROC):
     """AUROC of one label of multi-label inputs ``(B, L)``: a plain metric, so Lightning logs it like any other
     (torchmetrics' ``ClasswiseWrapper`` returns a dict, which ``log_dict`` cannot take).
 

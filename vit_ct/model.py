@@ -129,7 +129,9 @@ class ViTClassifier(L.LightningModule):
         super().__init__()
         if num_classes is None:  # multi-label: one output per named label
             num_classes = len(class_names) if multilabel and class_names else 2
-        _check_arguments(num_classes, multilabel, img_size, patch_size, class_names, class_weights, label_weights, arch)
+        _check_arguments(
+            num_classes, multilabel, img_size, patch_size, class_names, class_weights, label_weights, arch, lr
+        )
         # `weights` is a start point, not part of the model: a checkpoint must load without that file.
         self.save_hyperparameters(ignore=["optimizer", "scheduler", "weights"])
         self.hparams.num_classes = num_classes  # resolved (the CLI hands its own config to save_hyperparameters)
@@ -502,7 +504,7 @@ def warmup_cosine(warmup_steps: int, total_steps: int):
 
 
 def _check_arguments(
-    num_classes, multilabel, img_size, patch_size, class_names, class_weights, label_weights, arch
+    num_classes, multilabel, img_size, patch_size, class_names, class_weights, label_weights, arch, lr
 ) -> None:
     """Bad model arguments, named with what was expected, before anything is built."""
     if num_classes < 1 or (num_classes < 2 and not multilabel):
@@ -523,3 +525,5 @@ def _check_arguments(
         )
     if not timm.is_model(arch) or not arch.startswith(("vit_", "deit")):
         raise ValueError(f"arch {arch!r} is not a timm Vision Transformer (e.g. vit_tiny_patch16_224)")
+    if not (math.isfinite(lr) and lr > 0):  # lr 0 would train nothing without a word; a negative one ascends
+        raise ValueError(f"model.lr must be a finite number > 0 (e.g. 5e-4), got {lr}")

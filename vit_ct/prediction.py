@@ -1,10 +1,15 @@
 """``vit-ct predict`` outputs: ``predictions.csv``, one rollout map (``.npy``, source grid) and one overlay PNG
-per slice, as the contract in the README describes.
+per slice, as the contract in the README describes. A run's outputs never mix with another's: they are written into
+a fresh hidden folder beside ``OUT`` and replace ``OUT`` only once complete.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import secrets
+import shutil
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +21,7 @@ from vit_ct.data.grid import to_source_grid
 from vit_ct.data.manifest import manifest_frame
 from vit_ct.data.reader import load_ct_slice, load_mask
 from vit_ct.explain.overlay import render_overlay, save_png
+from vit_ct.leftovers import remove_leftovers
 
 
 def _slug(text: str) -> str:
@@ -42,24 +48,76 @@ def sink_columns(prediction: dict, i: int) -> dict[str, float]:
     return columns
 
 
+def check_output_dir(output_dir: Path, *, overwrite: bool, inputs: Iterable[str | Path] = ()) -> None:
+    """Refuse an ``OUT`` that is a file, or a folder that is not empty unless ``overwrite``; with ``overwrite``, refuse
+    an ``OUT`` holding the working directory or one of the run's ``inputs`` (replacing it would delete them)."""
+    if output_dir.exists() and not output_dir.is_dir():
+        raise ValueError(f"--output_dir {output_dir} is a file; expected a folder (absent or empty)")
+    entries = sorted(p.name for p in output_dir.iterdir()) if output_dir.is_dir() else []
+    if not entries:
+        return
+    if not overwrite:
+        shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+        raise ValueError(
+            f"--output_dir {output_dir} is not empty ({len(entries)} entries: {shown}); vit-ct predict never mixes its"
+            " outputs with other files. Choose a new folder, or pass --overwrite true to replace this one (none of its"
+            " files are kept)"
+        )
+    for path in (Path.cwd(), *map(Path, inputs)):
+        if path.resolve().is_relative_to(output_dir.resolve()):
+            raise ValueError(
+                f"--overwrite would delete {path}, which lies in --output_dir {output_dir}; choose another --output_dir"
+            )
+
+
 class PredictionWriter(BasePredictionWriter):
     """Writes each predicted slice's rollout map and overlay, then ``predictions.csv`` once all ranks are done.
 
+    Everything goes into a fresh hidden folder beside ``OUT`` (``.<OUT>.<pid>-<token>.partial``, ``output_dir``
+    while the run lasts), which replaces ``OUT`` when complete: a reader sees the old outputs or the new ones, never a
+    mix, and a failed run leaves ``OUT`` as it was (and removes its partial folder; a killed one's is removed by the
+    next predict beside it).
+
     Args:
-        output_dir: Folder of the outputs (created; files of the same names are replaced).
+        output_dir: Folder of the outputs: absent or empty, unless ``overwrite``.
+        overwrite: Replace a non-empty ``OUT`` (an earlier run's outputs): none of its files survive.
+        inputs: Files the run reads (checkpoint, manifest); ``overwrite`` refuses an ``OUT`` that holds one.
         window: (centre, width) HU of the overlay's grey image.
     """
 
-    def __init__(self, output_dir: str | Path, *, window: tuple[float, float] = (40.0, 80.0)) -> None:
+    def __init__(
+        self,
+        output_dir: str | Path,
+        *,
+        overwrite: bool = False,
+        inputs: Iterable[str | Path] = (),
+        window: tuple[float, float] = (40.0, 80.0),
+    ) -> None:
         super().__init__(write_interval="batch")
-        self.output_dir = Path(output_dir)
+        self.destination = Path(output_dir).resolve()  # a link to a folder: its target is replaced, the link kept
+        self.overwrite = overwrite
+        self.inputs = [Path(p) for p in inputs]
+        check_output_dir(self.destination, overwrite=overwrite, inputs=self.inputs)
+        self.output_dir = self.destination
         self.window = window
         self.rows: list[dict] = []
 
     def setup(self, trainer, pl_module, stage: str) -> None:
+        check_output_dir(self.destination, overwrite=self.overwrite, inputs=self.inputs)  # again: OUT may have changed
+        # rank 0's pid and token on every rank: one partial folder per run, which no other run's files can be in
+        token = trainer.strategy.broadcast(f"{os.getpid()}-{secrets.token_hex(4)}")
+        if trainer.is_global_zero:
+            remove_leftovers(self.destination.parent)
+        self.output_dir = self.destination.parent / f".{self.destination.name}.{token}.partial"
         for sub in ("maps", "overlays"):
             (self.output_dir / sub).mkdir(parents=True, exist_ok=True)
         self.rows = []
+
+    def on_predict_start(self, trainer, pl_module) -> None:
+        if self.overwrite:  # the slices themselves must not lie in the folder that is about to be replaced
+            table = trainer.predict_dataloaders.dataset.table
+            files = [p for column in ("image", "mask") if column in table for p in table[column] if isinstance(p, str)]
+            check_output_dir(self.destination, overwrite=True, inputs=files)
 
     def write_on_batch_end(
         self, trainer, pl_module, prediction, batch_indices, batch, batch_idx: int, dataloader_idx: int = 0
@@ -97,7 +155,8 @@ class PredictionWriter(BasePredictionWriter):
         pd.DataFrame(self.rows).to_csv(partial, index=False)
         trainer.strategy.barrier()  # every rank calls it: no collective inside rank-0-only code
         if trainer.is_global_zero:
-            parts = sorted(self.output_dir.glob(".predictions.rank*.csv"))
+            # one file per rank of this run: the partial folder is this run's own
+            parts = [self.output_dir / f".predictions.rank{rank}.csv" for rank in range(trainer.world_size)]
             frames = [pd.read_csv(p) for p in parts if p.stat().st_size > 1]
             # A distributed sampler repeats a few slices to even out the ranks: keep each slice once.
             table = pd.concat(frames).drop_duplicates("index").sort_values("index").drop(columns="index")
@@ -106,3 +165,26 @@ class PredictionWriter(BasePredictionWriter):
             for p in parts:
                 p.unlink()
         trainer.strategy.barrier()
+
+    def on_predict_end(self, trainer, pl_module) -> None:
+        if trainer.is_global_zero:
+            replace_folder(self.output_dir, self.destination)
+        trainer.strategy.barrier()
+        self.output_dir = self.destination
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        if trainer.is_global_zero and self.output_dir != self.destination:
+            shutil.rmtree(self.output_dir, ignore_errors=True)  # OUT itself was never touched
+
+
+def replace_folder(source: Path, destination: Path) -> None:
+    """Move ``source`` to ``destination``, replacing what is there. An empty or absent ``destination`` is replaced in
+    one atomic rename; a non-empty one is first renamed aside and then deleted, so ``destination`` never holds a mix
+    of both (for a moment it does not exist)."""
+    if destination.is_dir() and any(destination.iterdir()):
+        old = source.with_name(source.name.removesuffix(".partial") + ".old")
+        os.replace(destination, old)
+        os.replace(source, destination)
+        shutil.rmtree(old)
+    else:
+        os.replace(source, destination)  # rename(2) replaces an empty folder

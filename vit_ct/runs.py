@@ -1,10 +1,11 @@
 """The run folder, in one place: ``runs/<project>/<run id>/`` (checkpoints, config.yaml, summary.json, bad_files.csv)
-and ``runs/latest``, a link to the newest run that finished fitting."""
+and ``runs/latest``, a link to the newest run that finished fitting with a checkpoint."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 from lightning.pytorch import Trainer
@@ -37,16 +38,27 @@ def latest_link(trainer: Trainer) -> Path | None:
 
 def write_summary(trainer: Trainer, summary: dict) -> Path:
     """``summary.json`` into the run folder (atomically), then ``latest`` pointed at the run (atomically too, so it
-    always points at a complete run). Rank 0 only."""
+    always points at a complete run) if the run has a checkpoint (``best_checkpoint`` or ``last_checkpoint``). Rank 0
+    only."""
     folder = run_dir(trainer)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "summary.json"
     with atomic_write(path) as tmp:
         tmp.write_text(json.dumps(summary, indent=2))
     latest = latest_link(trainer)
-    if latest is not None and (latest.is_symlink() or not latest.exists()):  # never replace a real folder
+    has_checkpoint = any(summary.get(k) and Path(summary[k]).is_file() for k in ("best_checkpoint", "last_checkpoint"))
+    if has_checkpoint and latest is not None and (latest.is_symlink() or not latest.exists()):  # never a real folder
         tmp = latest.with_name(f".latest.{os.getpid()}.tmp")
         tmp.unlink(missing_ok=True)
         tmp.symlink_to(folder.resolve(), target_is_directory=True)
         tmp.replace(latest)
     return path
+
+
+def remove_run_without_checkpoint(folder: Path) -> bool:
+    """Delete a failed run's folder if it holds no checkpoint (only its config.yaml and reports); True if removed.
+    A folder with a checkpoint (e.g. a resumed run's) is always kept."""
+    if not folder.is_dir() or any(folder.rglob("*.ckpt")):
+        return False
+    shutil.rmtree(folder, ignore_errors=True)
+    return True
