@@ -1,7 +1,8 @@
 """The manifest CSV that lists a user's own CT slices: read and check it, and check its files (the split by patient
 is `vit_ct.data.splits`).
 
-Columns (the README's manifest table): `image`, `label` (or named label columns), `patient_id`, `split`, `mask`, `slice`.
+Columns (the README's manifest table): `image`, `label` (or named label columns), `patient_id`, `split`, `mask`,
+`slice`.
 Rows are named by their line number in the CSV file (the header is line 1), as a text editor or spreadsheet shows.
 """
 
@@ -31,7 +32,6 @@ __all__ = [
     "validate_manifest_files",
     "write_bad_files",
 ]
-
 
 
 class BadFile(NamedTuple):
@@ -94,7 +94,9 @@ def _integers(df: pd.DataFrame, column: str, path: Path, *, allowed: str, valid,
         else:
             values.append(int(number))
     if bad:
-        raise ValueError(f"manifest {path}: column '{column}' must hold {allowed}; bad value on lines {list_lines(bad)}")
+        raise ValueError(
+            f"manifest {path}: column '{column}' must hold {allowed}; bad value on lines {list_lines(bad)}"
+        )
     return pd.Series(values, index=df.index, dtype="Int64")
 
 
@@ -195,7 +197,8 @@ def read_manifest(
         unknown = [line for s, line in zip(df["split"], lines, strict=True) if s is not None and s not in SPLITS]
         if unknown:
             raise ValueError(
-                f"manifest {path}: 'split' must be one of {', '.join(SPLITS)} or empty; bad on lines {list_lines(unknown)}"
+                f"manifest {path}: 'split' must be one of {', '.join(SPLITS)} or empty;"
+                f" bad on lines {list_lines(unknown)}"
             )
         check_patient_splits(df, f"manifest {path}")
     df.attrs["label_columns"] = label_columns
