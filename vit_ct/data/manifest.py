@@ -20,13 +20,16 @@ import numpy as np
 import pandas as pd
 from rich.progress import MofNCompleteColumn, Progress
 
-from vit_ct.data.reader import probe_ct_slice, probe_mask
+from vit_ct.data.dicom import CT_MODALITIES
+from vit_ct.data.duplicates import check_duplicate_images, file_digest
+from vit_ct.data.reader import load_ct_slice, load_mask
 from vit_ct.data.splits import SPLITS, assign_splits, check_patient_splits, list_lines
 
 __all__ = [
     "SPLITS",
     "BadFile",
     "assign_splits",
+    "check_duplicate_images",
     "check_label_range",
     "read_manifest",
     "validate_manifest_files",
@@ -206,43 +209,75 @@ def read_manifest(
     return df
 
 
-def _check_row(image: str, frame: int | None, mask: str | None) -> list[tuple[str, str, str]]:
-    """(column, path, reason) for each problem of one manifest row."""
-    problems = []
+def _check_row(
+    image: str, frame: int | None, mask: str | None, positive: bool, read: dict
+) -> tuple[list[tuple[str, str, str]], str | None]:
+    """(column, path, reason) for each problem of one manifest row, and the digest of its image file.
+
+    Reads the slice and mask with the loaders training uses, so whatever they would refuse in a worker later
+    (NaN in a NIfTI or mask, values that are not HU, a soft mask) is found here, before the run starts.
+    """
     try:
-        shape = probe_ct_slice(image, frame)
+        shape = load_ct_slice(image, frame, **read).shape
+        digest = file_digest(image)
     except Exception as e:  # UnreadableFileError, or anything unexpected from a decoder library
-        return [("image", image, getattr(e, "reason", f"{type(e).__name__}: {e}"))]
-    if mask is not None:
-        try:
-            mask_shape = probe_mask(mask, frame)
-        except Exception as e:
-            return [("mask", mask, getattr(e, "reason", f"{type(e).__name__}: {e}"))]
-        if tuple(mask_shape) != tuple(shape):
-            problems.append(
-                ("mask", mask, f"mask is {mask_shape[0]}x{mask_shape[1]} but the slice is {shape[0]}x{shape[1]}")
-            )
-    return problems
+        return [("image", image, getattr(e, "reason", f"{type(e).__name__}: {e}"))], None
+    if mask is None:
+        return [], digest
+    try:
+        lesion = load_mask(mask, frame)
+    except Exception as e:
+        return [("mask", mask, getattr(e, "reason", f"{type(e).__name__}: {e}"))], digest
+    if lesion.shape != shape:
+        return [
+            ("mask", mask, f"mask is {lesion.shape[0]}x{lesion.shape[1]} but the slice is {shape[0]}x{shape[1]}")
+        ], digest
+    if positive and not lesion.any():
+        # An empty mask on a lesion slice would teach the patch head "no lesion anywhere" and drop the slice's
+        # localisation score without a word.
+        return [("mask", mask, "mask has no lesion pixel but the slice is labelled with a lesion")], digest
+    return [], digest
+
+
+def _positive(df: pd.DataFrame) -> list[bool]:
+    """Rows labelled with a lesion (class > 0, or any multi-label column 1); unlabelled rows are not."""
+    columns = df.attrs.get("label_columns")
+    if columns:
+        return [bool(v) for v in (df[list(columns)].fillna(0).to_numpy(dtype=float) == 1).any(axis=1)]
+    if "label" in df.columns:
+        return [bool(v) for v in df["label"].fillna(0).to_numpy(dtype=float) > 0]
+    return [False] * len(df)
 
 
 def validate_manifest_files(
-    df: pd.DataFrame, *, on_bad_file: str = "raise", progress: bool = True
+    df: pd.DataFrame,
+    *,
+    on_bad_file: str = "raise",
+    progress: bool = True,
+    modalities: Sequence[str] | None = CT_MODALITIES,
+    stored_values_are_hu: bool = False,
 ) -> tuple[pd.DataFrame, list[BadFile]]:
-    """Check that every image (and mask) exists, is readable and that each mask matches its slice's size.
+    """Check every image and mask by reading it as training will, and find copies of one image.
 
-    Files are probed without decoding pixels (`probe_ct_slice`, `probe_mask`) on a few threads.
+    Each slice is read by `load_ct_slice` and each mask by `load_mask` (on a few threads), and each image file is
+    hashed once. A row is bad when its image or mask cannot be used, the mask's size differs from the slice's, or a
+    row labelled with a lesion has an empty mask.
 
     Args:
-        df: a manifest table (`read_manifest`); uses `image`, and `mask`, `slice`, `manifest_line` when present.
+        df: a manifest table (`read_manifest`); uses `image`, and `mask`, `slice`, `label` (or the label columns),
+            `manifest_line` when present.
         on_bad_file: "raise" to raise one error listing every bad row, or "skip" to drop those rows.
         progress: show a rich progress bar.
+        modalities: DICOM Modality values accepted (`load_ct_slice`); None accepts any.
+        stored_values_are_hu: accept CT DICOM without rescale tags, stored values taken as HU (`load_ct_slice`).
 
     Returns:
-        The good rows (index kept) and the list of problems found, one `BadFile` per problem.
+        The good rows (index kept) with an `image_digest` column (the hash of the image file's bytes), and the list of
+        problems found, one `BadFile` per problem.
 
     Raises:
         ValueError: with `on_bad_file="raise"` when any file is unusable: every bad row with its CSV line, path
-            and reason.
+            and reason. Also (either way) when copies of one image have different labels or splits.
     """
     if on_bad_file not in ("raise", "skip"):
         raise ValueError(f"on_bad_file must be 'raise' or 'skip', got {on_bad_file!r}")
@@ -252,19 +287,29 @@ def validate_manifest_files(
     lines = df["manifest_line"].tolist() if has_lines else list(range(1, len(df) + 1))
     frames = df["slice"].tolist() if "slice" in df.columns else [None] * len(df)
     masks = df["mask"].tolist() if "mask" in df.columns else [None] * len(df)
+    read = {
+        "modalities": None if modalities is None else tuple(modalities),
+        "stored_values_are_hu": stored_values_are_hu,
+    }
     jobs = [
-        (str(image), None if pd.isna(frame) else int(frame), None if mask is None or pd.isna(mask) else str(mask))
-        for image, frame, mask in zip(df["image"], frames, masks, strict=True)
+        (
+            str(image),
+            None if pd.isna(frame) else int(frame),
+            None if mask is None or pd.isna(mask) else str(mask),
+            positive,
+        )
+        for image, frame, mask, positive in zip(df["image"], frames, masks, _positive(df), strict=True)
     ]
     found: dict[int, list[tuple[str, str, str]]] = {}
+    digests: list[str | None] = [None] * len(jobs)
     with (
         Progress(*Progress.get_default_columns(), MofNCompleteColumn(), disable=not progress) as bar,
         ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 1) + 4)) as pool,
     ):
         task = bar.add_task("Checking manifest files", total=len(jobs))
-        futures = {pool.submit(_check_row, *job): i for i, job in enumerate(jobs)}
+        futures = {pool.submit(_check_row, *job, read): i for i, job in enumerate(jobs)}
         for future in as_completed(futures):
-            problems = future.result()
+            problems, digests[futures[future]] = future.result()
             if problems:
                 found[futures[future]] = problems
             bar.advance(task)
@@ -279,7 +324,9 @@ def validate_manifest_files(
         )
     keep = np.ones(len(df), dtype=bool)
     keep[list(found)] = False
-    return df[keep], bad
+    good = df.assign(image_digest=digests)[keep]
+    check_duplicate_images(good, f"manifest {df.attrs.get('manifest', '')}".rstrip())
+    return good, bad
 
 
 def check_label_range(df: pd.DataFrame, num_classes: int, *, option: str = "--model.num_classes") -> None:
