@@ -372,3 +372,20 @@ def test_automatic_split_keeps_every_copy_of_an_image_in_one_split(tmp_path):
         out = assign_splits(good, seed=seed)
         assert out.groupby("image_digest")["split"].nunique().max() == 1, seed
         assert set(out["split"]) == {"train", "val", "test"}
+
+
+def test_a_copy_that_joins_two_patients_with_given_splits_is_refused(tmp_path, slices):
+    shutil.copy(slices / "s1.npy", slices / "copy_of_s1.npy")
+    path = write_csv(
+        tmp_path,
+        """
+        image,label,patient_id,split
+        data/s1.npy,1,p1,train
+        data/s2.npy,0,p2,val
+        data/copy_of_s1.npy,1,p2,
+        """,
+    )
+    with pytest.warns(UserWarning, match="identical files under other names"):
+        good, _ = validate_manifest_files(read_manifest(path), progress=False)
+    with pytest.raises(ValueError, match=r"copies of one image\) are given different splits, on lines 2, 3, 4"):
+        assign_splits(good)
