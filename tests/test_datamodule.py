@@ -185,5 +185,6 @@ def test_accepted_modalities_reach_the_loader(tmp_path):
     with pytest.raises(ValueError, match="line 2: image .*mr.dcm: DICOM has Modality MR"):
         CTSliceDataModule(manifest, img_size=16, num_workers=0).setup("predict")
     data = CTSliceDataModule(manifest, img_size=16, num_workers=0, modalities=["CT", "MR"])
-    data.setup("predict")
+    with pytest.warns(UserWarning, match=r"1 of 1 slices are not CT \(MR 1\), accepted by modalities=\('CT', 'MR'\)"):
+        data.setup("predict")
     assert next(iter(data.predict_dataloader()))["image"].shape == (1, 1, 16, 16)

@@ -313,7 +313,8 @@ def test_file_check_sees_what_the_loader_sees(tmp_path, slices):
     good, bad = validate_manifest_files(df, on_bad_file="skip", progress=False)
     assert good["manifest_line"].tolist() == [2, 5, 10]
     assert [b.line for b in bad] == [3, 4, 6, 7, 8, 9, 11, 12]
-    good, bad = validate_manifest_files(df, on_bad_file="skip", progress=False, modalities=None)
+    with pytest.warns(UserWarning, match=r"1 of 5 slices are not CT \(MR 1\), accepted by modalities=None"):
+        good, bad = validate_manifest_files(df, on_bad_file="skip", progress=False, modalities=None)
     assert 12 not in [b.line for b in bad] and 11 not in [b.line for b in bad]  # any modality, values as they are
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+import warnings
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
@@ -22,7 +23,7 @@ from rich.progress import MofNCompleteColumn, Progress
 
 from vit_ct.data.dicom import CT_MODALITIES
 from vit_ct.data.duplicates import check_duplicate_images, file_digest
-from vit_ct.data.reader import load_ct_slice, load_mask
+from vit_ct.data.reader import load_ct_slice, load_mask, read_modality
 from vit_ct.data.splits import SPLITS, assign_splits, check_patient_splits, list_lines
 
 __all__ = [
@@ -325,8 +326,26 @@ def validate_manifest_files(
     keep = np.ones(len(df), dtype=bool)
     keep[list(found)] = False
     good = df.assign(image_digest=digests)[keep]
-    check_duplicate_images(good, f"manifest {df.attrs.get('manifest', '')}".rstrip())
+    where = f"manifest {df.attrs.get('manifest', '')}".rstrip()
+    if read["modalities"] != CT_MODALITIES:
+        _warn_other_modalities(good, where, read["modalities"])
+    check_duplicate_images(good, where)
     return good, bad
+
+
+def _warn_other_modalities(df: pd.DataFrame, where: str, modalities: tuple[str, ...] | None) -> None:
+    """Accepted non-CT slices are counted once per manifest, so their share is never a surprise."""
+    found = pd.Series([read_modality(image) for image in df["image"]], dtype=object).dropna()
+    other = found[found != "CT"].replace("", "no Modality").value_counts()
+    if other.empty:
+        return
+    counts = ", ".join(f"{name} {count}" for name, count in other.items())
+    warnings.warn(
+        f"{where}: {other.sum()} of {len(df)} slices are not CT ({counts}), accepted by modalities={modalities}:"
+        " their values are used as if they were Hounsfield units",
+        UserWarning,
+        stacklevel=3,
+    )
 
 
 def check_label_range(df: pd.DataFrame, num_classes: int, *, option: str = "--model.num_classes") -> None:

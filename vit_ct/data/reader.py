@@ -235,6 +235,19 @@ def load_ct_slice(
     return hu
 
 
+def _dicom_header(path: Path) -> pydicom.Dataset:
+    try:
+        return pydicom.dcmread(path, stop_before_pixels=True, force=True)
+    except Exception as e:
+        raise UnreadableFileError(path, f"cannot read the DICOM header ({type(e).__name__}: {e})") from None
+
+
+def read_modality(path: str | os.PathLike) -> str | None:
+    """A DICOM file's Modality, upper case ("" when it names none); None for NIfTI and .npy, which carry none."""
+    p = check_file(path)
+    return str(_dicom_header(p).get("Modality") or "").strip().upper() if _kind(p) == "dicom" else None
+
+
 def read_pixel_spacing(path: str | os.PathLike, frame: int | None = None) -> tuple[float, float] | None:
     """In-plane pixel spacing of a slice in mm, (rows, columns), from the file's header: DICOM PixelSpacing (or the
     enhanced-CT functional groups), NIfTI voxel sizes of the slice's two axes; None for `.npy` or a header without it
@@ -242,11 +255,7 @@ def read_pixel_spacing(path: str | os.PathLike, frame: int | None = None) -> tup
     p = check_file(path)
     kind = _kind(p)
     if kind == "dicom":
-        try:
-            ds = pydicom.dcmread(p, stop_before_pixels=True, force=True)
-        except Exception as e:
-            raise UnreadableFileError(p, f"cannot read the DICOM header ({type(e).__name__}: {e})") from None
-        return pixel_spacing(ds, frame or 0)
+        return pixel_spacing(_dicom_header(p), frame or 0)
     if kind == "nifti":
         zooms = _nifti(p).header.get_zooms()
         if len(zooms) < 2 or not all(z > 0 for z in zooms[:2]):
