@@ -156,7 +156,9 @@ def test_every_readme_command_is_run_or_skipped_for_a_listed_reason(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("block", BLOCKS, ids=[f"line{block[0].line}" if block else "empty" for block in BLOCKS])
+@pytest.mark.parametrize(
+    "block", BLOCKS, ids=[f"block{i}-{'-'.join(b[0].argv[:2]) if b else 'empty'}" for i, b in enumerate(BLOCKS, 1)]
+)
 def test_readme_block_runs(block, tmp_path, synthetic_set):
     user_files(tmp_path)
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1"}
