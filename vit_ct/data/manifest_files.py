@@ -18,6 +18,7 @@ from rich.progress import MofNCompleteColumn, Progress
 from vit_ct.data.dicom import CT_MODALITIES
 from vit_ct.data.duplicates import check_duplicate_images, file_digest
 from vit_ct.data.reader import load_ct_slice, load_mask, read_modality
+from vit_ct.data.splits import lesion_rows
 
 __all__ = ["BadFile", "validate_manifest_files", "write_bad_files"]
 
@@ -59,16 +60,6 @@ def _check_row(
         # localisation score without a word.
         return [("mask", mask, "mask has no lesion pixel but the slice is labelled with a lesion")], digest
     return [], digest
-
-
-def _positive(df: pd.DataFrame) -> list[bool]:
-    """Rows labelled with a lesion (class > 0, or any multi-label column 1); unlabelled rows are not."""
-    columns = df.attrs.get("label_columns")
-    if columns:
-        return [bool(v) for v in (df[list(columns)].fillna(0).to_numpy(dtype=float) == 1).any(axis=1)]
-    if "label" in df.columns:
-        return [bool(v) for v in df["label"].fillna(0).to_numpy(dtype=float) > 0]
-    return [False] * len(df)
 
 
 def validate_manifest_files(
@@ -120,7 +111,9 @@ def validate_manifest_files(
             None if mask is None or pd.isna(mask) else str(mask),
             positive,
         )
-        for image, frame, mask, positive in zip(df["image"], frames, masks, _positive(df), strict=True)
+        for image, frame, mask, positive in zip(
+            df["image"], frames, masks, lesion_rows(df, df.attrs.get("label_columns")), strict=True
+        )
     ]
     found: dict[int, list[tuple[str, str, str]]] = {}
     digests: list[str | None] = [None] * len(jobs)

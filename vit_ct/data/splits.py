@@ -51,8 +51,9 @@ def check_patient_splits(df: pd.DataFrame, where: str) -> None:
         raise ValueError(f"{where}: patients appear in more than one split:\n  " + "\n  ".join(problems))
 
 
-def _positive(df: pd.DataFrame, label_columns: Sequence[str] | None) -> np.ndarray:
-    """Rows with any lesion, used to stratify the split."""
+def lesion_rows(df: pd.DataFrame, label_columns: Sequence[str] | None) -> np.ndarray:
+    """Rows labelled with a lesion (class > 0, or any multi-label column 1); unlabelled rows are not. Used to
+    stratify the split, and to require a lesion in the mask of such a row."""
     if label_columns:
         return (df[list(label_columns)].fillna(0).to_numpy(dtype=float) == 1).any(axis=1)
     if "label" in df.columns:
@@ -138,7 +139,7 @@ def assign_splits(
     fill = keys.map(known)
     out["split"] = out["split"].where(out["split"].notna(), fill)
 
-    positive = pd.Series(_positive(out, label_columns or df.attrs.get("label_columns")), index=out.index)
+    positive = pd.Series(lesion_rows(out, label_columns or df.attrs.get("label_columns")), index=out.index)
     group_positive = positive.groupby(keys).any()
     group_size = keys.value_counts()
     open_groups = sorted(set(keys[out["split"].isna()]))
