@@ -3,6 +3,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 OUT ?= outputs/demo
+ARGS ?=  # extra vit-ct arguments for the demo's fit and predict (tests/test_readme.py passes tiny sizes)
 
 .PHONY: demo review test lint format clean
 
@@ -15,9 +16,9 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	touch $@
 
 demo: $(VENV)/.installed
-	$(BIN)/vit-ct fit --config configs/demo.yaml
+	$(BIN)/vit-ct fit --config configs/demo.yaml $(ARGS)
 	$(BIN)/vit-ct predict --config configs/demo.yaml --ckpt_path "$$($(BIN)/python -m vit_ct.summary best_checkpoint)" \
-		--data.init_args.predict_split test --output_dir $(OUT) --overwrite true
+		--data.init_args.predict_split test --output_dir $(OUT) --overwrite true $(ARGS)
 	@$(BIN)/python -m vit_ct.summary report $(OUT)
 
 review: $(VENV)/.installed

@@ -27,7 +27,7 @@ USAGE = """example:
 
 Each row reads every slice once (the loader rows: one pass over the training split, no augmentation, so the
 numbers measure reading and preprocessing). "cache, first epoch" includes filling the cache; the manifest check
-(every file probed once, before the first epoch) is timed on its own row.
+(every file read by the loaders and hashed once, before the first epoch) is timed on its own row.
 """
 
 
@@ -113,7 +113,7 @@ def main() -> None:
         data = datamodule(cache=False, num_workers=0)
         start = time.perf_counter()
         data.check("fit")
-        rows.append(("manifest check (probe every file, once per run)", rate(args.n, time.perf_counter() - start)))
+        rows.append(("manifest check (read, hash every file once)", rate(args.n, time.perf_counter() - start)))
         data.setup("fit")
         rows.append(("loader, no cache, 0 workers", rate(n_train, time_loader(data)[0])))
 

@@ -124,6 +124,23 @@ def test_timm_state_dict_loads_like_timm_own_pretrained_loader(tmp_path):
             torch.testing.assert_close(ours[key], theirs[key], msg=key)
 
 
+@pytest.mark.parametrize("in_chans", [1, 3])
+def test_conv_stem_input_channels_are_adapted_like_timm_adapts_a_linear_one(tmp_path, in_chans):
+    """The demo's weights (conv stem, brain + subdural windows) start a model with other windows: the stem's first
+    conv is adapted by timm's rule (-> 1 channel: the kernels summed; -> 3: repeated, scaled by 2 / 3)."""
+    torch.manual_seed(0)
+    demo = ViTClassifier(**TINY, in_chans=2)
+    path = tmp_path / "demo.ckpt"
+    torch.save({"state_dict": demo.state_dict()}, path)
+    ours = ViTClassifier(**TINY, in_chans=in_chans, weights=str(path)).state_dict()
+    first = demo.state_dict()["vit.patch_embed.proj.0.weight"]  # (24, 2, 3, 3)
+    expected = first.sum(1, keepdim=True) if in_chans == 1 else first[:, [0, 1, 0]] * 2 / 3
+    torch.testing.assert_close(ours["vit.patch_embed.proj.0.weight"], expected)
+    for key, value in demo.state_dict().items():
+        if key != "vit.patch_embed.proj.0.weight":
+            torch.testing.assert_close(ours[key], value, msg=key)
+
+
 def test_ema_callback_saves_the_average_weights(tmp_path):
     """``--trainer.callbacks+=EMAWeightAveraging --trainer.callbacks.decay 0.5``: the saved weights are the EMA."""
     from npy_manifest import write_npy_manifest as write

@@ -62,6 +62,7 @@ def test_configs_compose_later_ones_winning(capsys, tmp_path):
     assert parsed["model"]["weights"] == "demo.ckpt"
     demo = yaml.safe_load(Path(DEMO).read_text())
     assert parsed["trainer"]["max_epochs"] == demo["trainer"]["max_epochs"]  # the demo model and recipe stay
+    assert parsed["data"]["init_args"]["windows"] == demo["data"]["init_args"]["windows"]  # and the demo's windows
 
 
 def test_unknown_config_key_is_an_error(capsys):

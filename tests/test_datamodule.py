@@ -3,6 +3,8 @@ run starts (or skipped and reported), unlabelled prediction, and per-rank cachin
 
 from __future__ import annotations
 
+import shutil
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -12,6 +14,7 @@ import pytest
 import torch
 from conftest import TINY_MODEL_ARGS
 from npy_manifest import write_npy_manifest
+from pydicom.data import get_testdata_file
 
 from vit_ct.cli import main
 from vit_ct.data.datamodule import CTSliceDataModule
@@ -163,3 +166,25 @@ def test_slices_without_spacing_carry_nan(tmp_path):
     data = CTSliceDataModule(str(manifest), img_size=32, batch_size=2, num_workers=0, augment=False)
     data.setup("fit")
     assert torch.isnan(next(iter(data.val_dataloader()))["pixel_spacing_mm"]).all()
+
+
+def test_npy_slices_load_without_the_not_writable_warning(tmp_path):
+    names = write_slices(tmp_path, 4, size=8)
+    data = CTSliceDataModule(str(write_csv(tmp_path, ["image", "label", "split"], [[n, 0, "train"] for n in names])),
+                             img_size=16, cache=False, num_workers=0)  # fmt: skip
+    data.setup("predict")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch: "The given NumPy array is not writable ..."
+        batch = next(iter(data.predict_dataloader()))
+    assert batch["image"].shape == (4, 1, 16, 16)
+
+
+def test_accepted_modalities_reach_the_loader(tmp_path):
+    shutil.copy(get_testdata_file("MR_small.dcm"), tmp_path / "mr.dcm")
+    manifest = str(write_csv(tmp_path, ["image", "label", "split"], [["mr.dcm", 0, "train"]]))
+    with pytest.raises(ValueError, match="line 2: image .*mr.dcm: DICOM has Modality MR"):
+        CTSliceDataModule(manifest, img_size=16, num_workers=0).setup("predict")
+    data = CTSliceDataModule(manifest, img_size=16, num_workers=0, modalities=["CT", "MR"])
+    with pytest.warns(UserWarning, match=r"1 of 1 slices are not CT \(MR 1\), accepted by modalities=\('CT', 'MR'\)"):
+        data.setup("predict")
+    assert next(iter(data.predict_dataloader()))["image"].shape == (1, 1, 16, 16)

@@ -252,3 +252,141 @@ def test_validate_manifest_files_argument_and_plain_table(slices):
         validate_manifest_files(df, on_bad_file="ignore")
     with pytest.raises(ValueError, match=r"row = 1-based row\):\n  row 2: image"):
         validate_manifest_files(df, progress=False)
+
+
+# ------------------------------------------------------------------------------------ what the loaders would refuse
+
+
+def test_file_check_sees_what_the_loader_sees(tmp_path, slices):
+    """NaN in a mask .npy or a NIfTI slice, values that are not HU, non-CT DICOM, a slice without pixels, soft and
+    multi-valued masks, an empty mask on a lesion slice: each found before the run, by CSV line, and skippable."""
+    import nibabel as nib
+
+    nan_mask = np.eye(4, 5, dtype=np.float32)
+    nan_mask[0, 1] = np.nan
+    np.save(slices / "nan_mask.npy", nan_mask)
+    volume = np.zeros((5, 4, 2), np.float32)
+    volume[2, 1, 1] = np.nan
+    nib.save(nib.Nifti1Image(volume, np.eye(4)), slices / "nan.nii.gz")
+    np.save(slices / "empty.npy", np.zeros((0, 40), np.float32))
+    np.save(slices / "soft.npy", np.resize(np.array([0, 0.5, 1.0], np.float32), (4, 5)))
+    np.save(slices / "multi.npy", np.resize(np.array([0, 1, 2], np.uint8), (4, 5)))
+    np.save(slices / "none.npy", np.zeros((4, 5), np.uint8))
+    np.save(slices / "dose.npy", np.full((4, 5), 1e6, np.float32))
+    shutil.copy(get_testdata_file("MR_small.dcm"), slices / "mr.dcm")
+    path = write_csv(
+        tmp_path,
+        """
+        image,label,mask,slice
+        data/s0.npy,1,data/mask.npy,
+        data/s1.npy,1,data/nan_mask.npy,
+        data/nan.nii.gz,0,,1
+        data/nan.nii.gz,0,,0
+        data/empty.npy,0,,
+        data/s2.npy,1,data/soft.npy,
+        data/s3.npy,1,data/multi.npy,
+        data/s4.npy,1,data/none.npy,
+        data/s5.npy,0,data/none.npy,
+        data/dose.npy,0,,
+        data/mr.dcm,0,,
+        """,
+    )
+    df = read_manifest(path)
+    with pytest.raises(ValueError) as error:
+        validate_manifest_files(df, progress=False)
+    message = str(error.value)
+    assert "8 of 11 manifest rows" in message
+    for line, text in [
+        (3, "nan_mask.npy: 1 pixel(s) are NaN or infinite"),
+        (4, "nan.nii.gz: 1 pixel(s) are NaN or infinite"),
+        (6, "shape (0, 40): no pixels"),
+        (7, "mask holds 3 distinct values (0, 0.5, 1)"),
+        (8, "mask holds 3 distinct values (0, 1, 2)"),
+        (9, "mask has no lesion pixel but the slice is labelled with a lesion"),
+        (11, "only 0% of the pixels lie in the CT range"),
+        (12, "DICOM has Modality MR"),
+    ]:
+        assert text in message.split(f"line {line}: ")[1].split("\n")[0], (line, text)
+    for line in (2, 5, 10):  # a lesion mask on a lesion slice, the NaN-free NIfTI slice, an empty mask on label 0
+        assert f"line {line}: " not in message
+
+    good, bad = validate_manifest_files(df, on_bad_file="skip", progress=False)
+    assert good["manifest_line"].tolist() == [2, 5, 10]
+    assert [b.line for b in bad] == [3, 4, 6, 7, 8, 9, 11, 12]
+    with pytest.warns(UserWarning, match=r"1 of 5 slices are not CT \(MR 1\), accepted by modalities=None"):
+        good, bad = validate_manifest_files(df, on_bad_file="skip", progress=False, modalities=None)
+    assert 12 not in [b.line for b in bad] and 11 not in [b.line for b in bad]  # any modality, values as they are
+
+
+# ------------------------------------------------------------------------------------ duplicates
+
+
+def test_duplicates_by_path_and_content_are_reported_and_conflicting_labels_refused(tmp_path, slices):
+    shutil.copy(slices / "s1.npy", slices / "copy_of_s1.npy")
+    path = write_csv(
+        tmp_path,
+        """
+        image,label,slice
+        data/s0.npy,0,
+        data/s0.npy,0,
+        data/s1.npy,1,
+        data/copy_of_s1.npy,1,
+        data/stack.npy,0,0
+        data/stack.npy,0,1
+        """,
+    )
+    with pytest.warns(UserWarning) as record:
+        good, _ = validate_manifest_files(read_manifest(path), progress=False)
+    message = " ".join(str(w.message) for w in record)
+    assert "1 images listed more than once by the same path (lines 2, 3)" in message
+    assert "1 images stored as identical files under other names (lines 4, 5)" in message
+    assert "lines 6" not in message  # two slices of one volume are two images
+    assert good["image_digest"].nunique() == 3  # s0, s1 (and its copy), the stack
+
+    conflict = write_csv(tmp_path, "image,label\ndata/s0.npy,0\ndata/s2.npy,1\ndata/s0.npy,1\n", "conflict.csv")
+    with pytest.raises(ValueError, match=r"lines 2, 4 list one image with different labels"):
+        validate_manifest_files(read_manifest(conflict), progress=False)
+    renamed = write_csv(tmp_path, "image,label\ndata/s1.npy,1\ndata/copy_of_s1.npy,0\n", "renamed.csv")
+    with pytest.raises(ValueError, match=r"renamed.csv: copies of an image disagree .*\n  lines 2, 3 list one"):
+        validate_manifest_files(read_manifest(renamed), progress=False)
+    split = write_csv(tmp_path, "image,label,split\ndata/s1.npy,1,train\ndata/copy_of_s1.npy,1,test\n", "split.csv")
+    with pytest.raises(ValueError, match=r"lines 2, 3 list one image in different splits"):
+        validate_manifest_files(read_manifest(split), progress=False)
+
+
+def test_automatic_split_keeps_every_copy_of_an_image_in_one_split(tmp_path):
+    """The issue's case: no patient_id, 14 duplicated images (7 by path, 7 identical files under other names)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    rows = ["image,label"]
+    for i in range(40):
+        np.save(data / f"s{i}.npy", np.full((4, 5), float(i), np.float32))
+        rows.append(f"data/s{i}.npy,{i % 2}")
+    for i in range(7):
+        rows.append(f"data/s{i}.npy,{i % 2}")
+        shutil.copy(data / f"s{10 + i}.npy", data / f"renamed{i}.npy")
+        rows.append(f"data/renamed{i}.npy,{i % 2}")
+    path = write_csv(tmp_path, "\n".join(rows) + "\n")
+    with pytest.warns(UserWarning, match="7 images listed more than once .* 7 images stored as identical files"):
+        good, _ = validate_manifest_files(read_manifest(path), progress=False)
+    for seed in range(5):
+        out = assign_splits(good, seed=seed)
+        assert out.groupby("image_digest")["split"].nunique().max() == 1, seed
+        assert set(out["split"]) == {"train", "val", "test"}
+
+
+def test_a_copy_that_joins_two_patients_with_given_splits_is_refused(tmp_path, slices):
+    shutil.copy(slices / "s1.npy", slices / "copy_of_s1.npy")
+    path = write_csv(
+        tmp_path,
+        """
+        image,label,patient_id,split
+        data/s1.npy,1,p1,train
+        data/s2.npy,0,p2,val
+        data/copy_of_s1.npy,1,p2,
+        """,
+    )
+    with pytest.warns(UserWarning, match="identical files under other names"):
+        good, _ = validate_manifest_files(read_manifest(path), progress=False)
+    with pytest.raises(ValueError, match=r"copies of one image\) are given different splits, on lines 2, 3, 4"):
+        assign_splits(good)

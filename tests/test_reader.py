@@ -3,12 +3,14 @@
 import io
 import re
 import shutil
+import warnings
 from pathlib import Path
 
 import nibabel as nib
 import numpy as np
 import pydicom
 import pytest
+import torch
 from PIL import Image
 from pydicom.data import get_testdata_file
 from pydicom.encaps import encapsulate
@@ -44,6 +46,12 @@ def pydicom_hu(name: str, frame: int | None = None) -> np.ndarray:
     return hu.astype(np.float32)
 
 
+def read_options(path) -> dict:
+    """These files test decoding: non-CT ones (MR, NM, secondary capture) are read with any modality accepted."""
+    modality = pydicom.dcmread(path, stop_before_pixels=True).get("Modality")
+    return {} if modality == "CT" else {"modalities": None}
+
+
 def raises_for(path, reason: str):
     """The error is a ValueError naming the path and matching `reason`."""
     return pytest.raises(ValueError, match=re.escape(str(path)) + ".*" + reason)
@@ -77,10 +85,11 @@ SINGLE_FRAME = [
 @pytest.mark.parametrize("name", SINGLE_FRAME)
 def test_single_frame_matches_pydicom(name):
     ds = pydicom.dcmread(pydicom_file(name), stop_before_pixels=True)
-    hu = load_ct_slice(pydicom_file(name))
+    options = read_options(pydicom_file(name))
+    hu = load_ct_slice(pydicom_file(name), **options)
     assert hu.dtype == np.float32 and hu.shape == (ds.Rows, ds.Columns)
     np.testing.assert_array_equal(hu, pydicom_hu(name))
-    assert probe_ct_slice(pydicom_file(name)) == (ds.Rows, ds.Columns)
+    assert probe_ct_slice(pydicom_file(name), **options) == (ds.Rows, ds.Columns)
 
 
 def test_head_ct_hand_computed():
@@ -95,14 +104,14 @@ def test_head_ct_hand_computed():
 def test_lossless_syntaxes_agree_exactly():
     uncompressed = load_ct_slice(pydicom_file("693_UNCR.dcm"))
     np.testing.assert_array_equal(load_ct_slice(pydicom_file("693_J2KR.dcm")), uncompressed)
-    mr = load_ct_slice(pydicom_file("MR_small.dcm"))
+    mr = load_ct_slice(pydicom_file("MR_small.dcm"), modalities=None)
     for name in [
         "MR_small_implicit.dcm",
         "MR_small_bigendian.dcm",
         "MR_small_RLE.dcm",
         "MR_small_jpeg_ls_lossless.dcm",
     ]:
-        np.testing.assert_array_equal(load_ct_slice(pydicom_file(name)), mr, err_msg=name)
+        np.testing.assert_array_equal(load_ct_slice(pydicom_file(name), modalities=None), mr, err_msg=name)
 
 
 def test_lossy_jpeg2000_is_close():
@@ -125,8 +134,10 @@ def test_lossy_jpeg2000_is_close():
 )
 def test_multiframe_syntaxes_per_frame(name):
     for frame in (0, 3, 9):
-        np.testing.assert_array_equal(load_ct_slice(pydicom_file(name), frame), pydicom_hu("emri_small.dcm", frame))
-    assert probe_ct_slice(pydicom_file(name), 9) == (64, 64)
+        np.testing.assert_array_equal(
+            load_ct_slice(pydicom_file(name), frame, modalities=None), pydicom_hu("emri_small.dcm", frame)
+        )
+    assert probe_ct_slice(pydicom_file(name), 9, modalities=None) == (64, 64)
 
 
 def test_rle_and_jpeg_baseline_written_here(tmp_path):
@@ -279,6 +290,110 @@ def test_npy(tmp_path):
         load_ct_slice(tmp_path / "stack.npy")
     with raises_for(tmp_path / "a.npy", "frame 1 is out of range"):
         load_ct_slice(tmp_path / "a.npy", 1)
+
+
+# ------------------------------------------------------------------------------------ input that is not HU
+
+
+@pytest.mark.parametrize(
+    ("name", "frame", "modality"),
+    [
+        ("MR_small.dcm", None, "MR"),
+        ("MR2_J2KI.dcm", None, "MR"),
+        ("JPGExtended.dcm", None, "NM"),
+        ("rtdose.dcm", 0, "RTDOSE"),
+    ],
+)
+def test_non_ct_dicom_is_refused_unless_its_modality_is_accepted(name, frame, modality):
+    path = pydicom_file(name)
+    for read in (load_ct_slice, probe_ct_slice):
+        with raises_for(path, f"DICOM has Modality {modality} .*expected CT: its values are not Hounsfield units"):
+            read(path, frame)
+    ds = pydicom.dcmread(path)
+    stored = ds.pixel_array if frame is None else ds.pixel_array[frame]
+    expected = apply_modality_lut(stored, ds).astype(np.float32)  # pydicom's own output values
+    np.testing.assert_array_equal(load_ct_slice(path, frame, modalities=None), expected)
+    if modality == "RTDOSE":  # accepted by name, its values (~1e6) are still no HU
+        with raises_for(path, r"only 0% of the pixels lie in the CT range -1100..3100 HU \(values 795000 to"):
+            load_ct_slice(path, frame, modalities=("CT", "RTDOSE"))
+    else:
+        np.testing.assert_array_equal(load_ct_slice(path, frame, modalities=("CT", modality.lower())), expected)
+
+
+def test_ct_without_rescale_is_refused_unless_stored_values_are_hu(tmp_path):
+    ds = pydicom.dcmread(pydicom_file("CT_small.dcm"))
+    del ds.RescaleSlope, ds.RescaleIntercept
+    ds.save_as(tmp_path / "bare.dcm")
+    for read in (load_ct_slice, probe_ct_slice):
+        with raises_for(tmp_path / "bare.dcm", "CT without RescaleSlope/RescaleIntercept"):
+            read(tmp_path / "bare.dcm")
+    stored = ds.pixel_array.astype(np.float32)
+    expected = np.where(stored == ds.PixelPaddingValue, -1000.0, stored)  # padding stays air
+    np.testing.assert_array_equal(load_ct_slice(tmp_path / "bare.dcm", stored_values_are_hu=True), expected)
+
+
+def test_values_outside_the_hu_range_are_refused(tmp_path):
+    ds = pydicom.dcmread(pydicom_file("CT_small.dcm"))
+    ds.RescaleSlope = 1000  # a rescale that cannot give HU
+    ds.save_as(tmp_path / "slope.dcm")
+    with raises_for(tmp_path / "slope.dcm", "of the pixels lie in the CT range -1100..3100 HU"):
+        load_ct_slice(tmp_path / "slope.dcm")
+    np.save(tmp_path / "dose.npy", np.full((4, 5), 1e6, np.float32))
+    with raises_for(tmp_path / "dose.npy", r"only 0% of the pixels lie in the CT range"):
+        load_ct_slice(tmp_path / "dose.npy")
+    assert load_ct_slice(tmp_path / "dose.npy", modalities=None).max() == 1e6
+    # Padding outside the scan circle at -3024 HU (a quarter of the slice) is still a CT slice.
+    hu = np.full((8, 8), 40.0, np.float32)
+    hu[:4, :4] = -3024
+    np.save(tmp_path / "padded.npy", hu)
+    np.testing.assert_array_equal(load_ct_slice(tmp_path / "padded.npy"), hu)
+
+
+def test_slice_without_pixels_is_refused(tmp_path):
+    np.save(tmp_path / "empty.npy", np.zeros((0, 40), np.float32))
+    for read in (load_ct_slice, probe_ct_slice, load_mask, probe_mask):
+        with raises_for(tmp_path / "empty.npy", r"shape \(0, 40\): no pixels"):
+            read(tmp_path / "empty.npy")
+
+
+def test_npy_slice_is_a_writable_copy(tmp_path):
+    """torch.from_numpy warned "The given NumPy array is not writable" on every memory-mapped .npy slice."""
+    np.save(tmp_path / "a.npy", dicom_like())
+    hu = load_ct_slice(tmp_path / "a.npy")
+    assert hu.flags.writeable and hu.flags.owndata
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.from_numpy(hu)
+
+
+@pytest.mark.parametrize(
+    ("values", "dtype"),
+    [([0, 0.3, 0.7, 1.0], np.float32), ([0, 1, 2], np.uint8), ([0, -1], np.int16)],
+)
+def test_soft_multivalued_or_negative_masks_are_refused(tmp_path, values, dtype):
+    mask = np.resize(np.array(values, dtype), (5, 7))
+    np.save(tmp_path / "m.npy", mask)
+    with raises_for(tmp_path / "m.npy", f"mask holds {len(values)} distinct values .*expected a binary mask"):
+        load_mask(tmp_path / "m.npy")
+
+
+def test_png_masks_must_be_binary(tmp_path):
+    edge = np.zeros((5, 7), np.uint8)
+    edge[1:3, 2:6], edge[3, 2:6] = 255, 128  # anti-aliased edge
+    (tmp_path / "soft.png").write_bytes(_png_bytes(edge))
+    with raises_for(tmp_path / "soft.png", r"mask holds 3 distinct values \(0, 128, 255\)"):
+        load_mask(tmp_path / "soft.png")
+    two = np.zeros((5, 7, 3), np.uint8)
+    two[1, 1], two[3, 3] = (255, 0, 0), (0, 255, 0)  # two labels in two colours
+    (tmp_path / "two.png").write_bytes(_png_bytes(two))
+    with raises_for(tmp_path / "two.png", "mask holds 3 distinct values"):
+        load_mask(tmp_path / "two.png")
+    one = np.zeros((5, 7, 3), np.uint8)
+    one[1:3, 2:6] = (0, 255, 0)
+    (tmp_path / "one.png").write_bytes(_png_bytes(one))
+    np.testing.assert_array_equal(load_mask(tmp_path / "one.png"), one[..., 1] > 0)
+    (tmp_path / "white.png").write_bytes(_png_bytes(np.full((5, 7, 3), 255, np.uint8)))  # no black: all lesion
+    assert load_mask(tmp_path / "white.png").all()
 
 
 # ------------------------------------------------------------------------------------ bad inputs

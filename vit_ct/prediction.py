@@ -122,7 +122,8 @@ class PredictionWriter(BasePredictionWriter):
     def write_on_batch_end(
         self, trainer, pl_module, prediction, batch_indices, batch, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
-        table = trainer.predict_dataloaders.dataset.table
+        dataset = trainer.predict_dataloaders.dataset
+        table = dataset.table
         names = pl_module.class_names
         for i, index in enumerate(prediction["index"].tolist()):
             row = table.iloc[index]
@@ -131,7 +132,7 @@ class PredictionWriter(BasePredictionWriter):
             stem = f"{index:06d}_{_slug(row['image_ref'])}"
             map_path, overlay_path = Path("maps") / f"{stem}.npy", Path("overlays") / f"{stem}.png"
             save_npy(heat.astype(np.float32), self.output_dir / map_path)
-            hu = load_ct_slice(row["image"], frame=manifest_frame(row))
+            hu = load_ct_slice(row["image"], frame=manifest_frame(row), **dataset.read_options)
             mask = load_mask(row["mask"], frame=manifest_frame(row)) if isinstance(row.get("mask"), str) else None
             save_png(render_overlay(hu, heat, mask, window=self.window), self.output_dir / overlay_path)
             record = {"index": index, "image": row["image_ref"]}

@@ -50,16 +50,19 @@ def _stem(state: dict) -> list[str]:
 
 
 def adapt_state_dict(state: dict[str, torch.Tensor], model: VisionTransformer) -> dict[str, torch.Tensor]:
-    """Reshape a ViT state dict to ``model``: input channels, position-embedding grid, head size."""
+    """Reshape a ViT state dict to ``model``: input channels (of a linear patch embedding or a conv stem),
+    position-embedding grid, head size."""
     target = model.state_dict()
     state = dict(state)
-    conv = "patch_embed.proj.weight"
     if any(k.startswith("patch_embed.") for k in state) and set(_stem(state)) != set(_stem(target)):
         # A linear patch embedding and a conv stem share nothing: the stem starts afresh, the rest loads.
         state = {k: v for k, v in state.items() if not k.startswith("patch_embed.")}
-    if conv in state and conv in target and state[conv].shape[1] != target[conv].shape[1]:
-        # RGB -> 1 channel sums the kernels; -> N channels repeats them, rescaled (timm's rule).
-        state[conv] = adapt_input_conv(target[conv].shape[1], state[conv])
+    # The convolution that sees the image: timm's linear patch embedding (patch_embed.proj.weight) or the first conv
+    # of the conv stem (patch_embed.proj.0.weight); module order puts it first among the 4-D patch_embed tensors.
+    conv = next((k for k, v in target.items() if k.startswith("patch_embed.") and v.ndim == 4), None)
+    if conv in state and state[conv].shape[1] != target[conv].shape[1]:
+        # timm's rule, from any number of channels: -> 1 sums the kernels; -> N repeats them, scaled by source / N.
+        state[conv] = adapt_input_conv(target[conv].shape[1], state[conv], base_chans=state[conv].shape[1])
     if "pos_embed" in state and "pos_embed" in target and state["pos_embed"].shape != target["pos_embed"].shape:
         prefix = 0 if getattr(model, "no_embed_class", False) else model.num_prefix_tokens
         state["pos_embed"] = resample_abs_pos_embed(

@@ -118,6 +118,8 @@ class CTSliceDataset(Dataset):
         img_size: Side of the model input.
         label_columns: Multi-label columns; None reads ``label``.
         cache: Keep every preprocessed slice in memory after the first read.
+        read_options: Keyword arguments of :func:`~vit_ct.data.reader.load_ct_slice` (``modalities``,
+            ``stored_values_are_hu``).
     """
 
     def __init__(
@@ -128,8 +130,10 @@ class CTSliceDataset(Dataset):
         img_size: int,
         label_columns: Sequence[str] | None = None,
         cache: bool = False,
+        read_options: dict | None = None,
     ) -> None:
         self.table = table.reset_index(drop=True)
+        self.read_options = dict(read_options or {})
         self.windows = list(windows)
         self.img_size = img_size
         self.label_columns = list(label_columns) if label_columns else None
@@ -143,7 +147,7 @@ class CTSliceDataset(Dataset):
         if self._cache is not None and index in self._cache:
             return self._cache[index]
         row = self.table.iloc[index]
-        hu = load_ct_slice(row["image"], frame=manifest_frame(row))
+        hu = load_ct_slice(row["image"], frame=manifest_frame(row), **self.read_options)
         mask_path = row.get("mask")
         has_mask = isinstance(mask_path, str) and bool(mask_path)
         mask = load_mask(mask_path, frame=manifest_frame(row)) if has_mask else None
@@ -198,6 +202,10 @@ class CTSliceDataModule(L.LightningDataModule):
         on_bad_file: ``raise``: check every file up front and stop, listing each bad row; ``skip``: leave bad rows
             out and list them in ``bad_files.csv`` in the run folder (named in the log).
         weighted_sampler: Draw training slices with inverse class frequency (against class imbalance).
+        modalities: DICOM Modality values accepted as HU; other modalities (MR, NM, RT dose, ...) are bad files.
+            ``null`` accepts any file and takes its values as they are.
+        stored_values_are_hu: Accept CT DICOM without rescale slope/intercept, taking stored values as HU (by
+            default such files are bad files: some scanners store HU + 1024).
     """
 
     def __init__(
@@ -216,6 +224,8 @@ class CTSliceDataModule(L.LightningDataModule):
         predict_split: Literal["train", "val", "test"] | None = None,
         on_bad_file: Literal["raise", "skip"] = "raise",
         weighted_sampler: bool = False,
+        modalities: tuple[str, ...] | None = ("CT",),
+        stored_values_are_hu: bool = False,
     ) -> None:
         super().__init__()
         self.manifest = manifest
@@ -238,6 +248,10 @@ class CTSliceDataModule(L.LightningDataModule):
         self.on_bad_file = on_bad_file
         self.weighted_sampler = weighted_sampler
         self.augmentation = BatchAugmentation()
+        self.read_options = {
+            "modalities": None if modalities is None else tuple(modalities),
+            "stored_values_are_hu": stored_values_are_hu,
+        }
         self.table: pd.DataFrame | None = None
         self.bad_rows: list = []
         self.bad_rows_report: Path | None = None  # bad_files.csv, written when on_bad_file="skip" left rows out
@@ -263,8 +277,9 @@ class CTSliceDataModule(L.LightningDataModule):
         if self.table is None or (require_labels and not self._labelled):
             path = self.manifest_path()
             table = read_manifest(path, label_columns=self.label_columns, require_labels=require_labels)
-            table = assign_splits(table, fractions=self.split_fractions, seed=self.split_seed)
-            self.table, self.bad_rows = validate_manifest_files(table, on_bad_file=self.on_bad_file)
+            # Files first: the split keeps copies of one image (found by content) together.
+            table, self.bad_rows = validate_manifest_files(table, on_bad_file=self.on_bad_file, **self.read_options)
+            self.table = assign_splits(table, fractions=self.split_fractions, seed=self.split_seed)
             self._labelled = require_labels
         return self.table
 
@@ -314,6 +329,7 @@ class CTSliceDataModule(L.LightningDataModule):
                 img_size=self.img_size,
                 label_columns=self.label_columns,
                 cache=self.cache,
+                read_options=self.read_options,
             )
             indices, ranks = None, self._ranks()
             if split != "train" and ranks.get("num_replicas", 1) > 1:

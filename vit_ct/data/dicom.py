@@ -18,6 +18,7 @@ from vit_ct.data.filecheck import UnreadableFileError, frame_index
 from vit_ct.data.windows import AIR_HU
 
 _MONOCHROME = ("MONOCHROME1", "MONOCHROME2")
+CT_MODALITIES = ("CT",)  # DICOM Modality values whose rescaled values are Hounsfield units
 
 
 def read_dicom(path: Path) -> Dataset:
@@ -145,11 +146,51 @@ def _padding_mask(ds: Dataset, stored: np.ndarray) -> np.ndarray | None:
     return (stored >= low) & (stored <= high)
 
 
-def load_dicom(path: Path, frame: int | None) -> np.ndarray:
+def check_values_are_hu(
+    path: Path, ds: Dataset, index: int, *, modalities: tuple[str, ...] | None, stored_values_are_hu: bool
+) -> None:
+    """Refuse a file whose values are not Hounsfield units: another modality (MR, NM, RT dose...), or a CT that gives
+    no rescale, whose stored values are HU on some scanners and HU + 1024 on others.
+
+    Args:
+        modalities: accepted DICOM Modality values; None accepts any (their values are used as if HU).
+        stored_values_are_hu: take a CT without rescale slope/intercept (or modality LUT) as stored = HU.
+    """
+    modality = str(ds.get("Modality") or "").strip().upper()
+    if modalities is not None and modality not in {m.strip().upper() for m in modalities}:
+        what = f"Modality {modality}" if modality else "no Modality"
+        raise UnreadableFileError(
+            path,
+            f"DICOM has {what} ({_sop_name(ds)}), expected {'/'.join(modalities)}: its values are not Hounsfield"
+            " units; to use it anyway, accept its modality (load_ct_slice(..., modalities=...),"
+            " --data.init_args.modalities)",
+        )
+    if (
+        modality == "CT"
+        and not stored_values_are_hu
+        and _rescale(ds, index) is None
+        and not ds.get("ModalityLUTSequence")
+    ):
+        raise UnreadableFileError(
+            path,
+            "CT without RescaleSlope/RescaleIntercept: its stored values may be HU or HU + 1024 depending on the"
+            " scanner; restore the tags, or state that stored values are HU (stored_values_are_hu=True,"
+            " --data.init_args.stored_values_are_hu true)",
+        )
+
+
+def load_dicom(
+    path: Path,
+    frame: int | None,
+    *,
+    modalities: tuple[str, ...] | None = CT_MODALITIES,
+    stored_values_are_hu: bool = False,
+) -> np.ndarray:
     """(rows, columns) float32 HU of one frame: rescale from the functional groups or the top level (or the modality
-    LUT), pixel padding set to air (-1000 HU)."""
+    LUT), pixel padding set to air (-1000 HU); refused unless its values are HU (`check_values_are_hu`)."""
     ds = read_dicom(path)
     index, n = _dicom_frame(path, ds, frame)
+    check_values_are_hu(path, ds, index, modalities=modalities, stored_values_are_hu=stored_values_are_hu)
     try:
         stored = pixel_array(ds, index=index if n > 1 else None)  # (rows, columns), decodes only that frame
     except Exception as e:
@@ -164,7 +205,7 @@ def load_dicom(path: Path, frame: int | None) -> np.ndarray:
         hu = stored.astype(np.float64) * slope + intercept
     elif ds.get("ModalityLUTSequence"):
         hu = pydicom.pixels.apply_modality_lut(stored, ds).astype(np.float64)
-    else:  # no rescale given: stored values are the output values (slope 1, intercept 0)
+    else:  # no rescale given (and accepted above): stored values are the output values (slope 1, intercept 0)
         hu = stored.astype(np.float64)
     pad = _padding_mask(ds, stored)
     if pad is not None:
@@ -172,11 +213,19 @@ def load_dicom(path: Path, frame: int | None) -> np.ndarray:
     return hu.astype(np.float32)
 
 
-def probe_dicom(path: Path, frame: int | None) -> tuple[int, int]:
+def probe_dicom(
+    path: Path,
+    frame: int | None,
+    *,
+    modalities: tuple[str, ...] | None = CT_MODALITIES,
+    stored_values_are_hu: bool = False,
+) -> tuple[int, int]:
     """(rows, columns) of a DICOM slice, checked without decoding: pixel data present, single-channel, the frame
-    exists, a decoder is installed, uncompressed bytes complete or compressed fragments found, rescale finite."""
+    exists, a decoder is installed, uncompressed bytes complete or compressed fragments found, values are HU
+    (modality, rescale given) and the rescale finite."""
     ds = read_dicom(path)
     index, n = _dicom_frame(path, ds, frame)
+    check_values_are_hu(path, ds, index, modalities=modalities, stored_values_are_hu=stored_values_are_hu)
     _check_dicom_bytes(path, ds, index, n)
     rescale = _rescale(ds, index)
     if rescale is not None and not np.isfinite(rescale).all():

@@ -1,6 +1,8 @@
 """The manifest CSV that lists a user's own CT slices: read and check it, and check its files (the split by patient
 is `vit_ct.data.splits`).
 
+Its files are checked by `vit_ct.data.manifest_files` (re-exported here).
+
 Columns (the README's manifest table): `image`, `label` (or named label columns), `patient_id`, `split`, `mask`,
 `slice`.
 Rows are named by their line number in the CSV file (the header is line 1), as a text editor or spreadsheet shows.
@@ -12,35 +14,24 @@ import csv
 import math
 import os
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
-from typing import NamedTuple
 
-import numpy as np
 import pandas as pd
-from rich.progress import MofNCompleteColumn, Progress
 
-from vit_ct.data.reader import probe_ct_slice, probe_mask
+from vit_ct.data.duplicates import check_duplicate_images
+from vit_ct.data.manifest_files import BadFile, validate_manifest_files, write_bad_files
 from vit_ct.data.splits import SPLITS, assign_splits, check_patient_splits, list_lines
 
 __all__ = [
     "SPLITS",
     "BadFile",
     "assign_splits",
+    "check_duplicate_images",
     "check_label_range",
     "read_manifest",
     "validate_manifest_files",
     "write_bad_files",
 ]
-
-
-class BadFile(NamedTuple):
-    """One unusable file found by `validate_manifest_files`."""
-
-    line: int  # line number in the manifest CSV (header = line 1), or the 1-based row when the table has no CSV
-    column: str  # "image" or "mask"
-    path: str  # absolute path that was tried
-    reason: str
 
 
 def manifest_frame(row: pd.Series) -> int | None:
@@ -206,82 +197,6 @@ def read_manifest(
     return df
 
 
-def _check_row(image: str, frame: int | None, mask: str | None) -> list[tuple[str, str, str]]:
-    """(column, path, reason) for each problem of one manifest row."""
-    problems = []
-    try:
-        shape = probe_ct_slice(image, frame)
-    except Exception as e:  # UnreadableFileError, or anything unexpected from a decoder library
-        return [("image", image, getattr(e, "reason", f"{type(e).__name__}: {e}"))]
-    if mask is not None:
-        try:
-            mask_shape = probe_mask(mask, frame)
-        except Exception as e:
-            return [("mask", mask, getattr(e, "reason", f"{type(e).__name__}: {e}"))]
-        if tuple(mask_shape) != tuple(shape):
-            problems.append(
-                ("mask", mask, f"mask is {mask_shape[0]}x{mask_shape[1]} but the slice is {shape[0]}x{shape[1]}")
-            )
-    return problems
-
-
-def validate_manifest_files(
-    df: pd.DataFrame, *, on_bad_file: str = "raise", progress: bool = True
-) -> tuple[pd.DataFrame, list[BadFile]]:
-    """Check that every image (and mask) exists, is readable and that each mask matches its slice's size.
-
-    Files are probed without decoding pixels (`probe_ct_slice`, `probe_mask`) on a few threads.
-
-    Args:
-        df: a manifest table (`read_manifest`); uses `image`, and `mask`, `slice`, `manifest_line` when present.
-        on_bad_file: "raise" to raise one error listing every bad row, or "skip" to drop those rows.
-        progress: show a rich progress bar.
-
-    Returns:
-        The good rows (index kept) and the list of problems found, one `BadFile` per problem.
-
-    Raises:
-        ValueError: with `on_bad_file="raise"` when any file is unusable: every bad row with its CSV line, path
-            and reason.
-    """
-    if on_bad_file not in ("raise", "skip"):
-        raise ValueError(f"on_bad_file must be 'raise' or 'skip', got {on_bad_file!r}")
-    if "image" not in df.columns:
-        raise ValueError("the manifest table has no 'image' column")
-    has_lines = "manifest_line" in df.columns
-    lines = df["manifest_line"].tolist() if has_lines else list(range(1, len(df) + 1))
-    frames = df["slice"].tolist() if "slice" in df.columns else [None] * len(df)
-    masks = df["mask"].tolist() if "mask" in df.columns else [None] * len(df)
-    jobs = [
-        (str(image), None if pd.isna(frame) else int(frame), None if mask is None or pd.isna(mask) else str(mask))
-        for image, frame, mask in zip(df["image"], frames, masks, strict=True)
-    ]
-    found: dict[int, list[tuple[str, str, str]]] = {}
-    with (
-        Progress(*Progress.get_default_columns(), MofNCompleteColumn(), disable=not progress) as bar,
-        ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 1) + 4)) as pool,
-    ):
-        task = bar.add_task("Checking manifest files", total=len(jobs))
-        futures = {pool.submit(_check_row, *job): i for i, job in enumerate(jobs)}
-        for future in as_completed(futures):
-            problems = future.result()
-            if problems:
-                found[futures[future]] = problems
-            bar.advance(task)
-    bad = [BadFile(int(lines[i]), *problem) for i in sorted(found) for problem in found[i]]
-    if bad and on_bad_file == "raise":
-        where = f"line number in {df.attrs['manifest']}" if has_lines and df.attrs.get("manifest") else "1-based row"
-        word = "line" if has_lines else "row"
-        listing = "\n".join(f"  {word} {b.line}: {b.column} {b.path}: {b.reason}" for b in bad)
-        raise ValueError(
-            f"{len(found)} of {len(df)} manifest rows name unusable files ({word} = {where}):\n{listing}\n"
-            "Fix or remove these rows, or skip them (on_bad_file='skip')."
-        )
-    keep = np.ones(len(df), dtype=bool)
-    keep[list(found)] = False
-    return df[keep], bad
-
-
 def check_label_range(df: pd.DataFrame, num_classes: int, *, option: str = "--model.num_classes") -> None:
     """Check that every single-label row's class fits a model with `num_classes` outputs.
 
@@ -302,11 +217,3 @@ def check_label_range(df: pd.DataFrame, num_classes: int, *, option: str = "--mo
             f" but reach {int(labels[over].max())} on lines {list_lines(lines)}; set {option} {int(labels.max()) + 1}"
             " or fix those rows"
         )
-
-
-def write_bad_files(bad: Sequence[BadFile], path: str | os.PathLike) -> Path:
-    """Write the rows `validate_manifest_files` skipped as a CSV (line, column, path, reason) and return its path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(list(bad), columns=list(BadFile._fields)).to_csv(path, index=False)
-    return path

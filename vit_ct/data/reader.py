@@ -15,11 +15,25 @@ import numpy as np
 import pydicom
 from PIL import Image
 
-from vit_ct.data.dicom import load_dicom, pixel_spacing, probe_dicom
+from vit_ct.data.dicom import CT_MODALITIES, load_dicom, pixel_spacing, probe_dicom
 from vit_ct.data.filecheck import UnreadableFileError, check_file, frame_index
 from vit_ct.data.windows import AIR_HU
 
-__all__ = ["AIR_HU", "UnreadableFileError", "load_ct_slice", "load_mask", "probe_ct_slice", "probe_mask"]
+__all__ = [
+    "AIR_HU",
+    "CT_MODALITIES",
+    "UnreadableFileError",
+    "load_ct_slice",
+    "load_mask",
+    "probe_ct_slice",
+    "probe_mask",
+]
+
+# A CT slice in HU lies almost wholly between air (-1000) and the top of a 12-bit scanner's range (3071), bar the
+# padding outside the scan circle (-2000, -3024) and metal. Stored values of another modality or a wrong rescale
+# (an RT dose in cGy x 1e6, a slope in the thousands) leave most pixels outside.
+HU_RANGE = (-1100.0, 3100.0)
+HU_RANGE_MIN_FRACTION = 0.5
 
 
 def _kind(path: Path) -> str:
@@ -126,6 +140,8 @@ def _npy(path: Path, frame: int | None, kinds: str, *, any_frame_if_2d: bool = F
         raise UnreadableFileError(path, f"not a readable .npy array ({type(e).__name__}: {e})") from None
     if arr.dtype.kind not in kinds:
         raise UnreadableFileError(path, f".npy has dtype {arr.dtype}; expected a real-valued single-channel array")
+    if arr.size == 0:
+        raise UnreadableFileError(path, f".npy has shape {arr.shape}: no pixels")
     if arr.ndim == 2:
         frame_index(path, 1, None if any_frame_if_2d else frame, "this 2-D .npy")
         return arr
@@ -135,15 +151,49 @@ def _npy(path: Path, frame: int | None, kinds: str, *, any_frame_if_2d: bool = F
 
 
 def _finite(path: Path, arr: np.ndarray) -> np.ndarray:
+    if arr.size == 0:
+        raise UnreadableFileError(path, f"the slice has shape {arr.shape}: no pixels")
     if arr.dtype.kind == "f" and not np.isfinite(arr).all():
         raise UnreadableFileError(path, f"{int((~np.isfinite(arr)).sum())} pixel(s) are NaN or infinite")
     return arr
 
 
+def _check_hu_range(path: Path, hu: np.ndarray) -> None:
+    low, high = HU_RANGE
+    inside = float(((hu >= low) & (hu <= high)).mean())
+    if inside < HU_RANGE_MIN_FRACTION:
+        raise UnreadableFileError(
+            path,
+            f"only {inside:.0%} of the pixels lie in the CT range {low:g}..{high:g} HU (values {hu.min():g} to"
+            f" {hu.max():g}): not Hounsfield units? (load_ct_slice(..., modalities=None) takes values as they are)",
+        )
+
+
+def _binary(path: Path, arr: np.ndarray) -> np.ndarray:
+    """`arr != 0` for a mask of 0 and one lesion value (1, 255, True); soft or multi-valued masks are refused, as
+    thresholding them here would be a guess."""
+    values = np.unique(arr)
+    lesion = values[values != 0]
+    if len(lesion) > 1 or (len(lesion) == 1 and lesion[0] < 0):
+        shown = ", ".join(f"{v:g}" for v in values[:6].astype(float)) + (", ..." if len(values) > 6 else "")
+        raise UnreadableFileError(
+            path,
+            f"mask holds {len(values)} distinct values ({shown}); expected a binary mask: 0 and one positive lesion"
+            " value (e.g. 1 or 255). Threshold soft masks, or pick one label of a multi-label mask",
+        )
+    return arr != 0
+
+
 # ---------------------------------------------------------------------------------------------------------- public
 
 
-def load_ct_slice(path: str | os.PathLike, frame: int | None = None) -> np.ndarray:
+def load_ct_slice(
+    path: str | os.PathLike,
+    frame: int | None = None,
+    *,
+    modalities: tuple[str, ...] | None = CT_MODALITIES,
+    stored_values_are_hu: bool = False,
+) -> np.ndarray:
     """Load one CT slice in Hounsfield units.
 
     Args:
@@ -152,29 +202,50 @@ def load_ct_slice(path: str | os.PathLike, frame: int | None = None) -> np.ndarr
         frame: which slice of a multi-slice file: the frame of a multi-frame DICOM, or the index along the last axis
             of a 3-D NIfTI/.npy. `None` (default) is accepted only for files holding a single slice; a multi-slice
             file without `frame` raises rather than silently taking slice 0.
+        modalities: DICOM Modality values accepted; other modalities (MR, NM, RT dose, ...) are refused, as their
+            values are not HU. None accepts any file and takes its values as they are (no HU range check either).
+        stored_values_are_hu: accept a CT DICOM that gives no rescale slope/intercept, taking stored values as HU
+            (refused by default: some scanners store HU + 1024).
 
     Returns:
         (rows, columns) float32 HU, as pydicom's `pixel_array` (rows toward posterior, columns toward patient left
         for axial slices; NIfTI is reoriented to match). DICOM: stored x RescaleSlope + RescaleIntercept, taken from
         the frame's or shared functional groups of enhanced CT, else the top level (slope 1, intercept 0 when absent);
-        PixelPaddingValue (to PixelPaddingRangeLimit) becomes air, -1000 HU. Any single-channel MONOCHROME1/2 image
-        is accepted (for non-CT modalities the values are whatever the rescale gives).
+        PixelPaddingValue (to PixelPaddingRangeLimit) becomes air, -1000 HU. A new, writable array.
 
     Raises:
         UnreadableFileError: a `ValueError` naming the path and the reason (missing, empty, truncated, not DICOM,
-            no pixel data, colour, NaN/inf pixels, wrong dimensionality, frame out of range, no decoder).
+            no pixel data, colour, NaN/inf pixels, no pixels, wrong dimensionality, frame out of range, no decoder,
+            a modality other than `modalities`, a CT without rescale, fewer than half of the pixels in -1100..3100).
     """
     p = check_file(path)
     kind = _kind(p)
     if kind == "dicom":
-        hu = load_dicom(p, frame)
+        hu = load_dicom(p, frame, modalities=modalities, stored_values_are_hu=stored_values_are_hu)
     elif kind == "nifti":
         hu = _load_nifti(p, frame)
     elif kind == "npy":
         hu = np.asarray(_npy(p, frame, "iuf"))
     else:
         raise UnreadableFileError(p, "PNG holds display grey levels, not HU; give DICOM, NIfTI or .npy in HU")
-    return np.ascontiguousarray(_finite(p, hu.astype(np.float32, copy=False)))
+    # A copy of a memory-mapped .npy: torch.from_numpy warns on (and must not write through) a read-only map.
+    hu = _finite(p, np.require(hu.astype(np.float32, copy=False), requirements=["C", "W", "O"]))
+    if modalities is not None:
+        _check_hu_range(p, hu)
+    return hu
+
+
+def _dicom_header(path: Path) -> pydicom.Dataset:
+    try:
+        return pydicom.dcmread(path, stop_before_pixels=True, force=True)
+    except Exception as e:
+        raise UnreadableFileError(path, f"cannot read the DICOM header ({type(e).__name__}: {e})") from None
+
+
+def read_modality(path: str | os.PathLike) -> str | None:
+    """A DICOM file's Modality, upper case ("" when it names none); None for NIfTI and .npy, which carry none."""
+    p = check_file(path)
+    return str(_dicom_header(p).get("Modality") or "").strip().upper() if _kind(p) == "dicom" else None
 
 
 def read_pixel_spacing(path: str | os.PathLike, frame: int | None = None) -> tuple[float, float] | None:
@@ -184,11 +255,7 @@ def read_pixel_spacing(path: str | os.PathLike, frame: int | None = None) -> tup
     p = check_file(path)
     kind = _kind(p)
     if kind == "dicom":
-        try:
-            ds = pydicom.dcmread(p, stop_before_pixels=True, force=True)
-        except Exception as e:
-            raise UnreadableFileError(p, f"cannot read the DICOM header ({type(e).__name__}: {e})") from None
-        return pixel_spacing(ds, frame or 0)
+        return pixel_spacing(_dicom_header(p), frame or 0)
     if kind == "nifti":
         zooms = _nifti(p).header.get_zooms()
         if len(zooms) < 2 or not all(z > 0 for z in zooms[:2]):
@@ -197,13 +264,20 @@ def read_pixel_spacing(path: str | os.PathLike, frame: int | None = None) -> tup
     return None
 
 
-def probe_ct_slice(path: str | os.PathLike, frame: int | None = None) -> tuple[int, int]:
+def probe_ct_slice(
+    path: str | os.PathLike,
+    frame: int | None = None,
+    *,
+    modalities: tuple[str, ...] | None = CT_MODALITIES,
+    stored_values_are_hu: bool = False,
+) -> tuple[int, int]:
     """Check a slice cheaply, without decoding pixels, and return its (rows, columns).
 
     DICOM: parses the file, checks pixel data is present, single-channel, the frame exists, a decoder is installed,
     and (uncompressed) the pixel bytes are complete or (compressed) the frame's fragments can be found. NIfTI: header
     only (shape, dimensionality, frame). `.npy`: header, plus the slice's values for NaN/inf (memory-mapped).
-    A file that passes can still fail in `load_ct_slice` if compressed data is corrupt inside a frame.
+    A file that passes can still fail in `load_ct_slice` (corrupt compressed data, NaN in a NIfTI, values outside
+    the HU range): the manifest check calls the loaders themselves.
 
     Raises:
         UnreadableFileError: as `load_ct_slice`.
@@ -211,7 +285,7 @@ def probe_ct_slice(path: str | os.PathLike, frame: int | None = None) -> tuple[i
     p = check_file(path)
     kind = _kind(p)
     if kind == "dicom":
-        return probe_dicom(p, frame)
+        return probe_dicom(p, frame, modalities=modalities, stored_values_are_hu=stored_values_are_hu)
     if kind == "nifti":
         return _probe_nifti(p, frame)
     if kind == "npy":
@@ -233,7 +307,7 @@ def _png(path: Path, *, decode: bool) -> Image.Image:
 
 
 def load_mask(path: str | os.PathLike, frame: int | None = None) -> np.ndarray:
-    """Load a lesion mask: non-zero = lesion.
+    """Load a lesion mask: non-zero = lesion, from a binary mask (0 and one lesion value).
 
     Args:
         path: PNG (grey, palette or colour; alpha ignored), `.npy`, or NIfTI (reoriented as in `load_ct_slice`).
@@ -244,24 +318,26 @@ def load_mask(path: str | os.PathLike, frame: int | None = None) -> np.ndarray:
         (rows, columns) bool.
 
     Raises:
-        UnreadableFileError: a `ValueError` naming the path and the reason.
+        UnreadableFileError: a `ValueError` naming the path and the reason, also for a soft or multi-valued mask.
     """
     p = check_file(path)
     kind = _kind(p)
     if kind == "png":
         img = _png(p, decode=True)
         arr = np.asarray(img)
-        if arr.ndim == 3:  # (rows, columns, channels): any non-zero colour channel, alpha excluded
+        if arr.ndim == 3:  # (rows, columns, channels): one value per colour, alpha excluded
             arr = arr[..., :-1] if img.mode in ("LA", "RGBA", "PA") else arr
-            arr = arr.any(axis=-1)
-        return np.ascontiguousarray(arr != 0)
+            colours, codes = np.unique(arr.reshape(-1, arr.shape[-1]), axis=0, return_inverse=True)
+            black = not colours[0].any()  # rows sort lexicographically: black comes first when present
+            arr = codes.reshape(arr.shape[:2]) + (0 if black else 1)  # 0 = black, one code per other colour
+        return np.ascontiguousarray(_binary(p, _finite(p, arr)))
     if kind == "npy":
         arr = np.asarray(_npy(p, frame, "biuf", any_frame_if_2d=True))
     elif kind == "nifti":
         arr = _load_nifti(p, frame, any_frame_if_2d=True)
     else:
         raise UnreadableFileError(p, "unsupported mask format; expected .png, .npy, .nii or .nii.gz")
-    return np.ascontiguousarray(_finite(p, arr) != 0)
+    return np.ascontiguousarray(_binary(p, _finite(p, arr)))
 
 
 def probe_mask(path: str | os.PathLike, frame: int | None = None) -> tuple[int, int]:

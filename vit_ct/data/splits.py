@@ -21,6 +21,22 @@ def list_lines(values: Sequence[int]) -> str:
     return shown + (f" (and {len(values) - _MAX_LISTED} more)" if len(values) > _MAX_LISTED else "")
 
 
+def image_keys(df: pd.DataFrame) -> pd.Series:
+    """One key per distinct image: the file's digest (``image_digest``, from the manifest check) or, without one, its
+    path; plus the slice index, since the slices of one volume are different images."""
+    if "image_digest" in df.columns:
+        files = df["image_digest"]
+    elif "image" in df.columns:
+        files = df["image"]
+    else:
+        files = pd.Series([f"row:{i}" for i in range(len(df))], index=df.index)
+    frames = df["slice"] if "slice" in df.columns else pd.Series(pd.NA, index=df.index)
+    return pd.Series(
+        [f"{file}#{'' if pd.isna(frame) else int(frame)}" for file, frame in zip(files, frames, strict=True)],
+        index=df.index,
+    )
+
+
 def check_patient_splits(df: pd.DataFrame, where: str) -> None:
     """A patient given two different splits would leak slices between training and evaluation."""
     if "patient_id" not in df.columns or "split" not in df.columns:
@@ -35,13 +51,36 @@ def check_patient_splits(df: pd.DataFrame, where: str) -> None:
         raise ValueError(f"{where}: patients appear in more than one split:\n  " + "\n  ".join(problems))
 
 
-def _positive(df: pd.DataFrame, label_columns: Sequence[str] | None) -> np.ndarray:
-    """Rows with any lesion, used to stratify the split."""
+def lesion_rows(df: pd.DataFrame, label_columns: Sequence[str] | None) -> np.ndarray:
+    """Rows labelled with a lesion (class > 0, or any multi-label column 1); unlabelled rows are not. Used to
+    stratify the split, and to require a lesion in the mask of such a row."""
     if label_columns:
         return (df[list(label_columns)].fillna(0).to_numpy(dtype=float) == 1).any(axis=1)
     if "label" in df.columns:
         return df["label"].fillna(0).to_numpy(dtype=float) > 0
     return np.zeros(len(df), dtype=bool)
+
+
+def _split_groups(df: pd.DataFrame) -> pd.Series:
+    """One key per group of rows that must share a split: the rows of a patient (a row without `patient_id` is its
+    own patient), joined with every other patient's rows that hold a copy of one of its images."""
+    patients = df["patient_id"] if "patient_id" in df.columns else pd.Series(None, index=df.index, dtype=object)
+    keys = [f"patient:{p}" if pd.notna(p) else f"row:{i}" for i, p in enumerate(patients)]
+    parent = {key: key for key in keys}
+
+    def root(key: str) -> str:
+        while parent[key] != key:
+            parent[key] = parent[parent[key]]
+            key = parent[key]
+        return key
+
+    first: dict[str, str] = {}  # image key -> the group of its first copy
+    for key, image in zip(keys, image_keys(df), strict=True):
+        if image in first:
+            parent[root(key)] = root(first[image])
+        else:
+            first[image] = key
+    return pd.Series([root(key) for key in keys], index=df.index)
 
 
 def assign_splits(
@@ -53,7 +92,8 @@ def assign_splits(
 ) -> pd.DataFrame:
     """Fill missing `split` values with a seeded split by patient, stratified by lesion presence.
 
-    Rows that already have a split keep it, and unsplit rows of such a patient join it. The other patients (a row
+    Rows that already have a split keep it, and unsplit rows of such a patient join it. Copies of one image (same
+    path, or same file content by `image_digest`) join one group with their patients. The other patients (a row
     without `patient_id` is its own patient) are shuffled with `seed`; within the patients with and without a lesion
     separately, each split with a non-zero fraction first gets one patient when there are enough, then every
     patient goes to the split furthest below its share of slices. Deterministic for a given table and seed.
@@ -81,15 +121,25 @@ def assign_splits(
     if out["split"].notna().all():
         return out
 
-    # One group per patient; rows without an id are their own group.
-    patients = out["patient_id"] if "patient_id" in out.columns else pd.Series(None, index=out.index, dtype=object)
-    keys = [f"patient:{p}" if pd.notna(p) else f"row:{i}" for i, p in enumerate(patients)]
-    keys = pd.Series(keys, index=out.index)
-    known = out.loc[out["split"].notna()].groupby(keys[out["split"].notna()])["split"].first()
+    keys = _split_groups(out)
+    given = out["split"].notna()
+    mixed = out[given].groupby(keys[given])["split"].nunique() > 1
+    if mixed.any():
+        lines = (
+            out["manifest_line"]
+            if "manifest_line" in out.columns
+            else pd.Series(range(1, len(out) + 1), index=out.index)
+        )
+        groups = [list_lines(list(lines[keys == key])) for key in mixed.index[mixed]]
+        raise ValueError(
+            "assign_splits: rows that must share a split (one patient, or copies of one image) are given different"
+            " splits, on lines " + "; ".join(groups)
+        )
+    known = out.loc[given].groupby(keys[given])["split"].first()
     fill = keys.map(known)
     out["split"] = out["split"].where(out["split"].notna(), fill)
 
-    positive = pd.Series(_positive(out, label_columns or df.attrs.get("label_columns")), index=out.index)
+    positive = pd.Series(lesion_rows(out, label_columns or df.attrs.get("label_columns")), index=out.index)
     group_positive = positive.groupby(keys).any()
     group_size = keys.value_counts()
     open_groups = sorted(set(keys[out["split"].isna()]))

@@ -1,0 +1,178 @@
+"""Every command of the README's ```bash blocks runs, at tiny sizes on a tiny set, so that a documented command that
+stops working fails `make test`. The blocks are parsed from README.md: a new block is covered without editing this
+file, and a command this file cannot run fails until it is given a runner or a listed reason to skip.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import NamedTuple
+
+import pandas as pd
+import pytest
+from conftest import ROOT, TINY_MODEL_ARGS, tiny_data_args
+from npy_manifest import write_npy_manifest
+
+README = ROOT / "README.md"
+VENV = Path(sys.executable).parent.parent
+
+# Commands not run here, each with its reason: only what needs the network, a GPU, or would run this suite itself.
+SKIPPED = {
+    ("make", "test"): "runs the whole test suite, this test included",
+    (".venv/bin/pytest",): "runs the test suite, this test included",
+    ("torchrun",): "needs GPU nodes and a rendezvous host ($HEAD)",
+    ("srun",): "needs a SLURM cluster with GPUs",
+}
+GPU_ONLY = "needs a GPU (--trainer.accelerator gpu)"
+
+# Tiny sizes, appended to a command (later arguments win), chosen by the configs it names.
+TINY_MANIFEST = ["--data.init_args.img_size", "32", "--data.init_args.batch_size", "4"]
+TINY_MANIFEST += ["--data.init_args.num_workers", "0"]
+TINY_SIMULATOR = ["--data.init_args.img_size", "32", "--data.init_args.slice_size", "64"]
+TINY_SIMULATOR += ["--data.init_args.epoch_size", "16", "--data.init_args.val_size", "8"]
+TINY_SIMULATOR += ["--data.init_args.batch_size", "8", "--data.init_args.num_workers", "0"]
+# The README's placeholder for "a checkpoint of yours": the newest run's last checkpoint.
+PLACEHOLDERS = {"CKPT": "runs/latest/checkpoints/last.ckpt"}
+
+
+class Command(NamedTuple):
+    line: int  # of README.md, where the command starts
+    argv: list[str]
+
+    def __str__(self) -> str:
+        return f"README.md line {self.line}: {shlex.join(self.argv)}"
+
+
+def readme_blocks(text: str) -> list[list[Command]]:
+    """The commands of each ```bash block: continuation lines joined, comments dropped."""
+    blocks, block, pending, start = [], None, "", 0
+    for number, line in enumerate(text.splitlines(), start=1):
+        if block is None:
+            if line.strip() == "```bash":
+                block = []
+            continue
+        if line.strip() == "```":
+            blocks.append(block)
+            block = None
+            continue
+        if not pending:
+            start = number
+        pending += line.rstrip().removesuffix("\\") + " "
+        if not line.rstrip().endswith("\\"):
+            argv = shlex.split(pending, comments=True)
+            if argv:
+                block.append(Command(start, argv))
+            pending = ""
+    return blocks
+
+
+BLOCKS = readme_blocks(README.read_text())
+
+
+def skip_reason(command: Command) -> str | None:
+    for prefix, reason in SKIPPED.items():
+        if tuple(command.argv[: len(prefix)]) == prefix:
+            return reason
+    argv = command.argv
+    if any(a == "--trainer.accelerator" and b == "gpu" for a, b in zip(argv, argv[1:], strict=False)):
+        return GPU_ONLY
+    return None
+
+
+def tiny_args(argv: list[str], synthetic_set: Path) -> list[str]:
+    configs = {Path(b).name for a, b in zip(argv, argv[1:], strict=False) if a == "--config"}
+    args = list(TINY_MODEL_ARGS)
+    if "pretrain.yaml" in configs:
+        args += TINY_SIMULATOR
+    elif configs & {"manifest.yaml", "finetune.yaml", "rsna_ich.yaml"}:
+        args += TINY_MANIFEST
+    elif "demo.yaml" in configs:
+        args += tiny_data_args(synthetic_set)
+    if argv[1] == "fit":
+        args += ["--trainer.max_epochs", "1"]
+    if "ddp" in argv:  # one process here; DDP itself is tested on 2 CPU processes in test_distributed.py
+        args += ["--trainer.devices", "1", "--trainer.strategy", "auto"]
+    return args
+
+
+def runnable(command: Command, synthetic_set: Path) -> list[str]:
+    """The command as it runs here: this environment's executables, placeholders filled, tiny sizes appended."""
+    argv = [PLACEHOLDERS.get(a, a) for a in command.argv]
+    if argv[0] == "vit-ct":
+        return [str(VENV / "bin" / "vit-ct"), *argv[1:], *tiny_args(argv, synthetic_set)]
+    if argv[0] == "python":
+        return [sys.executable, *argv[1:]]
+    if argv[:2] == ["make", "demo"]:
+        # Never reinstall (-o: no network in tests); the demo's own commands with tiny sizes, in this folder.
+        tiny = [*tiny_data_args(synthetic_set), *TINY_MODEL_ARGS, "--trainer.max_epochs", "1"]
+        return ["make", "-f", str(ROOT / "Makefile"), "-o", f"{VENV}/.installed", f"VENV={VENV}",
+                f"ARGS={shlex.join(tiny)}", *argv[1:]]  # fmt: skip
+    if argv[0] == "make":
+        return ["make", "-C", str(ROOT), "-o", f"{VENV}/.installed", f"VENV={VENV}", *argv[1:]]
+    raise AssertionError(f"{command}: no way to run it here; give tests/test_readme.py a runner or a listed reason")
+
+
+def user_files(folder: Path) -> None:
+    """What the README's commands expect beside them: configs/, my.csv (labelled, with the multi-label columns of
+    the README's example), new.csv (unlabelled) and Kaggle's RSNA layout (stage_2_train.csv, stage_2_train/)."""
+    from test_rsna import phantom_hu, write_ct_dicom
+
+    (folder / "configs").symlink_to(ROOT / "configs")
+    table = pd.read_csv(write_npy_manifest(folder / "slices", train=4, val=2, test=2))
+    table["image"] = "slices/" + table["image"]
+    table["mask"] = "slices/" + table["mask"]
+    for name in ("epidural", "subdural", "any"):
+        table[name] = table["label"]
+    table.to_csv(folder / "my.csv", index=False)
+    table[["image", "patient_id"]].to_csv(folder / "new.csv", index=False)
+
+    images = folder / "stage_2_train"
+    images.mkdir()
+    rows = []
+    for i in range(8):
+        write_ct_dicom(images / f"ID_{i:04d}.dcm", phantom_hu(32, i), f"ID_patient{i % 4}")
+        labels = [0, 0, 0, 0, i % 2, i % 2]  # epidural ... subdural, any
+        names = ["epidural", "intraparenchymal", "intraventricular", "subarachnoid", "subdural", "any"]
+        rows += [(f"ID_{i:04d}_{name}", value) for name, value in zip(names, labels, strict=True)]
+    pd.DataFrame(rows, columns=["ID", "Label"]).to_csv(folder / "stage_2_train.csv", index=False)
+
+
+def test_every_readme_command_is_run_or_skipped_for_a_listed_reason(tmp_path):
+    commands = [command for block in BLOCKS for command in block]
+    assert len(BLOCKS) >= 5 and len(commands) >= 15, "the README's ```bash blocks were not found"
+    weights = [c for c in commands if "--model.weights" in c.argv and "configs/manifest.yaml" in c.argv]
+    assert weights, "the README's 'starting from the demo's weights' command is parsed"
+    for command in commands:
+        if skip_reason(command) is None:
+            runnable(command, tmp_path)  # raises for a command with no runner
+    assert skip_reason(Command(0, ["vit-ct", "fit", "--trainer.accelerator", "gpu"])) == GPU_ONLY
+    with pytest.raises(AssertionError, match="no way to run it here"):
+        runnable(Command(0, ["curl", "https://example.org"]), tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "block", BLOCKS, ids=[f"block{i}-{'-'.join(b[0].argv[:2]) if b else 'empty'}" for i, b in enumerate(BLOCKS, 1)]
+)
+def test_readme_block_runs(block, tmp_path, synthetic_set):
+    user_files(tmp_path)
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1"}
+    env.pop("WANDB_SERVICE", None)
+    ran = []
+    for command in block:
+        reason = skip_reason(command)
+        if reason is not None:
+            print(f"skipped, {reason}: {command}")
+            continue
+        argv = runnable(command, synthetic_set)
+        result = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+        assert result.returncode == 0, f"{command} failed:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
+        ran.append(command)
+    if not ran:
+        pytest.skip("every command of this block is skipped: " + "; ".join(filter(None, map(skip_reason, block))))
+    shutil.rmtree(tmp_path / "runs", ignore_errors=True)
