@@ -7,6 +7,7 @@ points at the newest fit.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -25,6 +26,7 @@ from vit_ct.checkpoint import AtomicCheckpointIO, BestAndLastCheckpoint, ResumeS
 from vit_ct.data.datamodule import CTSliceDataModule
 from vit_ct.hardware import accelerator_name, describe_machine, resolve_precision, use_usable_cpus
 from vit_ct.model import ViTClassifier
+from vit_ct.progress import EpochLines
 from vit_ct.runs import run_dir, write_summary
 from vit_ct.trainer import Trainer as AutoPrecisionTrainer
 
@@ -43,6 +45,8 @@ class LoggedConfigCallback(SaveConfigCallback):
     """Writes the full CLI config into the run folder and sends it to the logger (W&B), on rank 0 only."""
 
     def save_config(self, trainer: Trainer, pl_module, stage: str) -> None:
+        if stage == "predict" and trainer.logger is None:  # no run folder: the outputs are in --output_dir
+            return
         folder = run_dir(trainer)
         folder.mkdir(parents=True, exist_ok=True)
         self.parser.save(self.config, folder / self.config_filename, skip_none=False, overwrite=True)
@@ -80,6 +84,16 @@ class VitCTCLI(LightningCLI):
         config = self.config.get(self.subcommand) if self.subcommand else self.config
         self._resolve_precision(config)
         self._continue_wandb_run(config)
+        if self.subcommand == "predict":
+            self._predict_without_default_logger(config)
+        place_wandb_runs(config)
+
+    def _predict_without_default_logger(self, config: Namespace) -> None:
+        """``predict`` logs nothing (its results are files in ``--output_dir``): the default W&B logger would open an
+        empty run, so it is dropped; a logger the user configured stays."""
+        defaults = self.parser._subcommands_action._name_parser_map["predict"].get_defaults().trainer.logger
+        if config.trainer.logger == defaults:
+            config.trainer.logger = False
 
     @staticmethod
     def _resolve_precision(config: Namespace) -> None:
@@ -136,8 +150,10 @@ class VitCTCLI(LightningCLI):
             raise ValueError("vit-ct predict needs --output_dir OUT (where predictions.csv and maps are written)")
         self._check_data("predict")
         from vit_ct.prediction import PredictionWriter
+        from vit_ct.scan_results import ScanResultsWriter
 
         self.trainer.callbacks.append(PredictionWriter(output_dir))
+        self.trainer.callbacks.append(ScanResultsWriter(output_dir))  # runs after it: reads predictions.csv
 
     def after_fit(self) -> None:
         if self.config_init[self.subcommand].get("test_after_fit"):
@@ -175,6 +191,16 @@ class VitCTCLI(LightningCLI):
             console.print(f"  {key:<24} {metrics[key]:.4f}")
 
 
+def place_wandb_runs(config: Namespace) -> None:
+    """A W&B logger without ``save_dir`` saves its run (and Lightning the checkpoints) under
+    ``--trainer.default_root_dir``, else under ``runs/``; an explicit ``save_dir`` (or ``dir``) wins."""
+    loggers = config.trainer.logger if isinstance(config.trainer.logger, list) else [config.trainer.logger]
+    for logger in loggers:
+        is_wandb = isinstance(logger, Namespace) and str(logger.get("class_path", "")).endswith("WandbLogger")
+        if is_wandb and logger.init_args.get("save_dir") is None and logger.init_args.get("dir") is None:
+            logger.init_args.save_dir = str(config.trainer.get("default_root_dir") or "runs")
+
+
 def _is_given(value) -> bool:
     return value is not None
 
@@ -197,6 +223,11 @@ def main(args: list[str] | None = None, *, run: bool = True) -> VitCTCLI | None:
     Returns the CLI object when given ``args`` (from Python), else None: the console script exits with the return
     value, and anything but None would be exit status 1.
     """
+    if (sys.argv[1:] if args is None else args)[:1] == ["manifest"]:
+        from vit_ct.scan_manifest import main as manifest_main
+
+        manifest_main((sys.argv[1:] if args is None else args)[1:])
+        return None
     use_wandb_offline_unless_configured()
     use_usable_cpus()
     torch.set_float32_matmul_precision("high")
@@ -210,9 +241,11 @@ def main(args: list[str] | None = None, *, run: bool = True) -> VitCTCLI | None:
         seed_everything_default=0,
         auto_configure_optimizers=False,
         trainer_defaults={
-            "logger": lazy_instance(WandbLogger, project="vit-ct", save_dir="runs"),
+            # save_dir None: runs/ or --trainer.default_root_dir (place_wandb_runs)
+            "logger": lazy_instance(WandbLogger, project="vit-ct", save_dir=None),
             "callbacks": [
                 RichProgressBar(),
+                EpochLines(),
                 LearningRateMonitor(logging_interval="epoch"),
                 RolloutOverlayCallback(),
                 BadFilesReport(),
