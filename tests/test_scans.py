@@ -167,3 +167,51 @@ def test_predict_on_scans_writes_scan_results_and_aligned_nifti(archive, tiny_ch
     # the NIfTI input comes back on its own voxels: the written CT is the input
     nifti_row = scans.set_index("scan").loc["volume"]
     np.testing.assert_array_equal(nib.load(out / nifti_row["ct"]).get_fdata(), nib.load(nifti).get_fdata())
+
+
+def test_scan_auroc_in_vit_ct_test_is_the_auroc_of_each_scans_maximum(synthetic_set, tiny_checkpoint, tmp_path):
+    from sklearn.metrics import roc_auc_score
+
+    # Every slice in the test split, two slices to a scan, so that both classes of scans occur.
+    table = pd.read_csv(synthetic_set)
+    table["image"] = [str(synthetic_set.parent / p) for p in table["image"]]
+    table["mask"] = [str(synthetic_set.parent / p) for p in table["mask"]]
+    table["split"] = "test"
+    within = table.groupby("patient_id").cumcount()
+    table["scan"] = [f"{p}-{k // 2}" for p, k in zip(table["patient_id"], within, strict=True)]
+    manifest = tmp_path / "scans.csv"
+    table.to_csv(manifest, index=False)
+    args = ["--config", DEMO, "--config", MANIFEST, "--data.manifest", str(manifest), *TINY_MODEL_ARGS,
+            "--data.init_args.img_size", "32", "--data.init_args.windows", "[brain,subdural]",
+            "--data.init_args.num_workers", "0", "--trainer.precision", "32-true"]  # fmt: skip
+    cli = main(["test", *args, "--ckpt_path", str(tiny_checkpoint), "--trainer.logger", "false"])
+    logged = float(cli.trainer.callback_metrics["test/scan_auroc"])
+
+    out = tmp_path / "out"
+    main(["predict", *args, "--ckpt_path", str(tiny_checkpoint), "--output_dir", str(out)])
+    slices = pd.read_csv(out / "predictions.csv").assign(scan=table["scan"])
+    per_scan = slices.groupby("scan").agg(prob=("prob", "max"), label=("label", "max"))
+    assert per_scan["label"].nunique() == 2
+    assert logged == pytest.approx(roc_auc_score(per_scan["label"], per_scan["prob"]), abs=1e-5)
+    scans = pd.read_csv(out / "scans.csv").set_index("scan").loc[per_scan.index]  # predict groups the same way
+    np.testing.assert_allclose(scans["prob"], per_scan["prob"], atol=1e-6)
+    assert (scans["label"] == per_scan["label"]).all()
+
+
+def test_review_scores_scans_by_their_most_suspicious_slice():
+    from vit_ct import review
+
+    table = pd.DataFrame(
+        {
+            "image": [f"s{i}.dcm" for i in range(6)],
+            "scan": ["A", "A", "B", "B", "C", "D"],
+            "prob": [0.2, 0.9, 0.95, 0.1, 0.3, 0.05],
+            "label": pd.array([0, 1, 0, 0, 1, 0], dtype="Int64"),
+        }
+    )
+    scans = review.scan_results(table).set_index("scan")
+    assert list(scans["prob"]) == [0.9, 0.95, 0.3, 0.05] and list(scans["label"]) == [1, 0, 1, 0]
+    assert list(scans["peak_slice"]) == [1, 0, 0, 0]
+    metrics = review.summary_metrics(table)
+    # scans: positives 0.9, 0.3 against negatives 0.95, 0.05: 2 of 4 pairs ranked right
+    assert metrics["scans"] == 4 and metrics["positive_scans"] == 2 and metrics["scan_auroc"] == 0.5

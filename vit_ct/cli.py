@@ -28,6 +28,7 @@ from vit_ct.hardware import accelerator_name, describe_machine, resolve_precisio
 from vit_ct.model import ViTClassifier
 from vit_ct.progress import EpochLines
 from vit_ct.runs import run_dir, write_summary
+from vit_ct.scan_metrics import ScanAUROC
 from vit_ct.trainer import Trainer as AutoPrecisionTrainer
 
 
@@ -246,6 +247,7 @@ def main(args: list[str] | None = None, *, run: bool = True) -> VitCTCLI | None:
             "callbacks": [
                 RichProgressBar(),
                 EpochLines(),
+                ScanAUROC(),
                 LearningRateMonitor(logging_interval="epoch"),
                 RolloutOverlayCallback(),
                 BadFilesReport(),

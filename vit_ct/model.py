@@ -329,7 +329,7 @@ class ViTClassifier(L.LightningModule):
             self.log(f"train/{name}", value, on_step=False, on_epoch=True, batch_size=size)
         return loss
 
-    def _evaluate(self, batch: dict, stage: str) -> torch.Tensor | None:
+    def _evaluate(self, batch: dict, stage: str) -> dict[str, torch.Tensor] | None:
         keep = batch.get("valid")  # False on samples a distributed sampler repeated to even out the ranks
         if keep is not None and not keep.all():
             batch = {k: v[keep] if torch.is_tensor(v) and v.shape[:1] == keep.shape else v for k, v in batch.items()}
@@ -339,11 +339,13 @@ class ViTClassifier(L.LightningModule):
         # one forward pass for the losses, the metrics and the explanation
         explained = self._explained(lambda: self._losses(batch), batch["image"].shape)
         loss, logits, _ = explained.output
-        self.metrics[stage].update(self.probabilities(logits), label)
+        probs = self.probabilities(logits)
+        self.metrics[stage].update(probs, label)
         self.log(f"{stage}/loss", loss, prog_bar=stage == "val", sync_dist=True, batch_size=len(label))
         self.log_dict(self.metrics[stage], prog_bar=stage == "val")
         self._localise(batch, explained, stage)
-        return loss
+        # the slices' probabilities and rows go to callbacks (per-scan AUROC, vit_ct.scan_metrics)
+        return {"loss": loss, "prob": probs.detach(), "index": batch["index"]}
 
     def _explained(self, forward, image_shape) -> Explained:
         return explain_forward(
@@ -398,10 +400,10 @@ class ViTClassifier(L.LightningModule):
     def on_test_epoch_end(self) -> None:
         self._log_localisation("test")
 
-    def validation_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+    def validation_step(self, batch: dict, batch_idx: int) -> dict[str, torch.Tensor] | None:
         return self._evaluate(batch, "val")
 
-    def test_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+    def test_step(self, batch: dict, batch_idx: int) -> dict[str, torch.Tensor] | None:
         return self._evaluate(batch, "test")
 
     def explain(self, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
