@@ -31,7 +31,7 @@ from vit_ct.explain.rollout import class_token_rollout
 from vit_ct.explain.sink import SinkMetrics, sink_per_slice
 from vit_ct.metrics import classification_metrics
 from vit_ct.stem import ConvStemPatchEmbed
-from vit_ct.weights import load_weights
+from vit_ct.weights import check_pretrained_tag, load_state, load_weights, pretrained_state_dict
 
 
 class ViTClassifier(L.LightningModule):
@@ -85,6 +85,11 @@ class ViTClassifier(L.LightningModule):
             the attention loss is on (``attention_loss_weight`` > 0), whose attention must stay in the graph.
         weights: Initial weights: a vit-ct checkpoint or a timm state-dict file. Channels, position grid and
             differently sized heads are adapted. Only the network is loaded, not the trainer state.
+        pretrained: A timm pretrained tag (e.g. ``vit_small_patch16_224.augreg_in21k_ft_in1k``,
+            ``vit_base_patch16_224.mae``): the network takes the tag's architecture (``arch``, ``embed_dim``,
+            ``depth`` and ``num_heads`` are then not used) and its weights, loaded by timm through the Hugging Face
+            hub and its local cache (``HF_HUB_OFFLINE=1`` once cached), adapted as for ``weights``. Use it with
+            ``stem: patch``: a conv stem has no pretrained weights and starts afresh.
         optimizer: Replaces the default AdamW; receives the parameter groups.
         scheduler: Replaces the default per-step warm-up + cosine schedule.
     """
@@ -123,6 +128,7 @@ class ViTClassifier(L.LightningModule):
         localisation_tolerance_mm: float = 5.0,
         grad_checkpointing: bool = False,
         weights: str | None = None,
+        pretrained: str | None = None,
         optimizer: OptimizerCallable | None = None,
         scheduler: LRSchedulerCallable | None = None,
     ) -> None:
@@ -131,16 +137,24 @@ class ViTClassifier(L.LightningModule):
             num_classes = len(class_names) if multilabel and class_names else 2
         _check_arguments(num_classes, multilabel, img_size, patch_size, class_names, class_weights, label_weights, arch)
         # `weights` is a start point, not part of the model: a checkpoint must load without that file.
-        self.save_hyperparameters(ignore=["optimizer", "scheduler", "weights"])
+        self.save_hyperparameters(ignore=["optimizer", "scheduler", "weights", "pretrained"])
         self.hparams.num_classes = num_classes  # resolved (the CLI hands its own config to save_hyperparameters)
+        if pretrained:  # the tag's architecture, recorded so that a checkpoint rebuilds it without the hub
+            check_pretrained_tag(pretrained)
+            self.hparams.pop("pretrained", None)
+            self.hparams.update(arch=pretrained.split(".")[0], embed_dim=None, depth=None, num_heads=None)
         self.task = "multilabel" if multilabel else ("binary" if num_classes == 2 else "multiclass")
         self.configure_network()
         self.configure_losses()
         self.configure_metrics()
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
+        if weights and pretrained:
+            raise ValueError("give --model.weights or --model.pretrained, not both")
         if weights:
             load_weights(self, weights, vit=self.vit)
+        if pretrained:
+            load_state(self, pretrained_state_dict(pretrained), vit=self.vit, source=f"--model.pretrained {pretrained}")
 
     def configure_network(self) -> None:
         """The timm ViT (conv stem or timm's patch embedding) and the patch head of the mask-supervised loss."""
