@@ -25,7 +25,7 @@ import sys, torch
 from vit_ct.cli import main
 cli = main(["--config", "configs/demo.yaml", "--model.pretrained", sys.argv[1], "--model.stem", "patch",
             "--data.init_args.img_size", "64", "--trainer.logger", "false"], run=False)
-torch.save(cli.model.state_dict(), sys.argv[2])
+torch.save({"state": cli.model.state_dict(), "hparams": dict(cli.model.hparams)}, sys.argv[2])
 """
 
 
@@ -56,8 +56,10 @@ def test_pretrained_tag_loads_from_the_hub_cache_adapted(hub_cache, tmp_path):
     home, saved = hub_cache
     result = _build(TAG, home, tmp_path / "model.pt")
     assert result.returncode == 0, result.stderr[-3000:]
-    model = torch.load(tmp_path / "model.pt", weights_only=True)
-    vit = {k.removeprefix("vit."): v for k, v in model.items() if k.startswith("vit.")}
+    saved_model = torch.load(tmp_path / "model.pt", weights_only=False)
+    hparams = saved_model["hparams"]  # a checkpoint rebuilds the tag's architecture without the hub
+    assert hparams["arch"] == TAG.split(".")[0] and hparams["depth"] is None and "pretrained" not in hparams
+    vit = {k.removeprefix("vit."): v for k, v in saved_model["state"].items() if k.startswith("vit.")}
     for name, value in saved.items():
         if name.startswith(("head.", "patch_embed.proj.weight", "pos_embed")):
             continue
