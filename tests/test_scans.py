@@ -215,3 +215,28 @@ def test_review_scores_scans_by_their_most_suspicious_slice():
     metrics = review.summary_metrics(table)
     # scans: positives 0.9, 0.3 against negatives 0.95, 0.05: 2 of 4 pairs ranked right
     assert metrics["scans"] == 4 and metrics["positive_scans"] == 2 and metrics["scan_auroc"] == 0.5
+
+
+def test_enhanced_ct_frames_are_placed_from_their_functional_groups():
+    path = get_testdata_file("eCT_Supplemental.dcm")  # two frames, positions per frame, orientation shared
+    (scan,), skipped = find_scans(path)
+    assert not skipped and len(scan.images) == 2 and set(scan.images) == {path}
+    ds = pydicom.dcmread(path)
+    orientation = np.array(ds.SharedFunctionalGroupsSequence[0].PlaneOrientationSequence[0].ImageOrientationPatient)
+    normal = np.cross(orientation[:3], orientation[3:])
+    for k, frame in enumerate(scan.frames):
+        position = np.array(ds.PerFrameFunctionalGroupsSequence[frame].PlanePositionSequence[0].ImagePositionPatient)
+        np.testing.assert_allclose((scan.affine @ [0, 0, k, 1])[:3], LPS_TO_RAS[:3, :3] @ position, atol=1e-4)
+        assert scan.positions_mm[k] == pytest.approx(float(position @ normal))
+    assert scan.positions_mm[0] < scan.positions_mm[1]  # ascending along the normal, whatever the frame order
+
+
+def test_scan_paths_without_ct_are_named(tmp_path):
+    with pytest.raises(ValueError, match=str(tmp_path / "nowhere")):
+        find_scans(tmp_path / "nowhere")
+    shutil.copy(get_testdata_file("MR_small.dcm"), tmp_path / "mr")
+    with pytest.raises(ValueError, match=r"no CT scan found(.|\n)*mr: Modality is MR, not CT"):
+        find_scans(tmp_path)
+    with pytest.raises(ValueError, match="data.manifest or data.scans"):
+        main(["predict", "--config", MANIFEST, "--data.manifest", "m.csv", "--data.init_args.scans", f"[{tmp_path}]",
+              "--output_dir", str(tmp_path / "out")])  # fmt: skip
