@@ -92,6 +92,7 @@ class VitCTCLI(LightningCLI):
     def _predict_without_default_logger(self, config: Namespace) -> None:
         """``predict`` logs nothing (its results are files in ``--output_dir``): the default W&B logger would open an
         empty run, so it is dropped; a logger the user configured stays."""
+        # the predict subcommand's own parser holds its defaults (jsonargparse keeps it in the subcommands action)
         defaults = self.parser._subcommands_action._name_parser_map["predict"].get_defaults().trainer.logger
         if config.trainer.logger == defaults:
             config.trainer.logger = False

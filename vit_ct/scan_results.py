@@ -113,7 +113,7 @@ def _slice_plane(scan: Scan, plane: np.ndarray) -> np.ndarray:
 def scan_volumes(scan: Scan, maps: dict[int, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """The CT (HU) and rollout volumes of a scan; slice ``k`` of the rollout is ``maps[k]`` (zero where the slice
     was not predicted, air in the CT)."""
-    rows, cols = _slice_plane(scan, np.zeros(scan.shape)).shape
+    rows, cols = nib.load(scan.source).shape[:2] if scan.kind == "nifti" else scan.shape  # the voxel grid
     ct = np.full((rows, cols, len(scan.images)), AIR_HU, dtype=np.float32)
     rollout = np.zeros((rows, cols, len(scan.images)), dtype=np.float32)
     for k, (image, frame) in enumerate(zip(scan.images, scan.frames, strict=True)):
