@@ -3,6 +3,7 @@ volume affine against nibabel's, and `vit-ct predict` on a folder of scans writi
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 from pathlib import Path
@@ -129,8 +130,9 @@ def test_predict_on_scans_writes_scan_results_and_aligned_nifti(archive, tiny_ch
     nib.save(nib.Nifti1Image(hu[:, ::-1].transpose(1, 0, 2).astype(np.int16), affine), nifti)
 
     out = tmp_path / "out"
+    relative = os.path.relpath(archive, tmp_path)  # as a user types it, from the working folder
     _vit_ct("predict", "--config", DEMO, "--config", MANIFEST, *TINY_MODEL_ARGS, "--data.init_args.img_size", "32",
-            "--data.init_args.windows", "[brain,subdural]", "--data.init_args.scans", f"[{archive},{nifti}]",
+            "--data.init_args.windows", "[brain,subdural]", "--data.init_args.scans", f"[{relative},{nifti}]",
             "--ckpt_path", str(tiny_checkpoint), "--output_dir", str(out), cwd=tmp_path)  # fmt: skip
     assert not (tmp_path / "runs" / "wandb").exists()  # predict opens no W&B run
 
