@@ -101,6 +101,14 @@ def test_manifest_command_lists_every_slice_with_blank_labels(archive, tmp_path,
     with pytest.raises(ValueError, match="label"):  # unlabelled: training refuses it, naming the lines
         main(["fit", "--config", DEMO, "--config", MANIFEST, "--data.manifest", str(out), *TINY_MODEL_ARGS,
               "--trainer.logger", "false"])  # fmt: skip
+    table.assign(label=1).to_csv(out, index=False)  # labels filled in are never overwritten
+    labelled = out.read_text()
+    with pytest.raises(SystemExit) as refused:
+        main(["manifest", str(archive), "--output", str(out)])
+    assert refused.value.code == 2 and "--overwrite" in capsys.readouterr().err and out.read_text() == labelled
+    with pytest.raises(SystemExit) as missing:
+        main(["manifest", str(archive / "nope"), "--output", str(tmp_path / "other.csv")])
+    assert missing.value.code == 2 and str(archive / "nope") in capsys.readouterr().err
 
 
 def test_scans_refuse_training(archive):

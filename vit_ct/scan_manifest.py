@@ -4,6 +4,7 @@ with patient, study, series and position, and the label column left empty for th
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from vit_ct.data.scans import write_scan_manifest
 
@@ -16,8 +17,16 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("scans", nargs="+", help="DICOM folders or files, NIfTI volumes")
     parser.add_argument("--output", required=True, help="manifest CSV to write (image paths relative to its folder)")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace an existing manifest (its labels are lost); refused without"
+    )
     args = parser.parse_args(argv)
-    path, scans, skipped = write_scan_manifest(args.scans, args.output)
+    if Path(args.output).exists() and not args.overwrite:
+        parser.exit(2, f"vit-ct manifest: {args.output} exists (labels filled in would be lost); pass --overwrite\n")
+    try:
+        path, scans, skipped = write_scan_manifest(args.scans, args.output)
+    except ValueError as err:  # a missing path, or no CT at all: the message names them
+        parser.exit(2, f"vit-ct manifest: {err}\n")
     slices = sum(len(s.images) for s in scans)
     print(f"{path}: {slices} slices of {len(scans)} scans; fill in the label column (0 = no lesion) to train on it")
     for scan in scans:
