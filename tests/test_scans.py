@@ -83,7 +83,8 @@ def test_affine_is_the_dicom_geometry_nibabel_reads(archive):
             np.testing.assert_allclose((scan.affine @ [0, 0, k, 1])[:3], (LPS_TO_RAS[:3, :3] @ position), atol=1e-3)
 
 
-def test_manifest_command_lists_every_slice_with_blank_labels(archive, tmp_path, capsys):
+def test_manifest_command_lists_every_slice_with_blank_labels(archive, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     out = tmp_path / "labels" / "manifest.csv"
     main(["manifest", str(archive), "--output", str(out)])
     table = pd.read_csv(out)
@@ -111,7 +112,8 @@ def test_manifest_command_lists_every_slice_with_blank_labels(archive, tmp_path,
     assert missing.value.code == 2 and str(archive / "nope") in capsys.readouterr().err
 
 
-def test_scans_refuse_training(archive):
+def test_scans_refuse_training(archive, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError, match="vit-ct manifest"):
         main(["fit", "--config", DEMO, "--config", MANIFEST, "--data.init_args.scans", f"[{archive}]",
               *TINY_MODEL_ARGS, "--trainer.logger", "false"])  # fmt: skip
@@ -179,8 +181,12 @@ def test_predict_on_scans_writes_scan_results_and_aligned_nifti(archive, tiny_ch
     np.testing.assert_array_equal(nib.load(out / nifti_row["ct"]).get_fdata(), nib.load(nifti).get_fdata())
 
 
-def test_scan_auroc_in_vit_ct_test_is_the_auroc_of_each_scans_maximum(synthetic_set, tiny_checkpoint, tmp_path):
+def test_scan_auroc_in_vit_ct_test_is_the_auroc_of_each_scans_maximum(
+    synthetic_set, tiny_checkpoint, tmp_path, monkeypatch
+):
     from sklearn.metrics import roc_auc_score
+
+    monkeypatch.chdir(tmp_path)  # `test` without a logger writes its config.yaml into the working folder
 
     # Every slice in the test split, two slices to a scan, so that both classes of scans occur.
     table = pd.read_csv(synthetic_set)
@@ -241,7 +247,8 @@ def test_enhanced_ct_frames_are_placed_from_their_functional_groups():
     assert scan.positions_mm[0] < scan.positions_mm[1]  # ascending along the normal, whatever the frame order
 
 
-def test_scan_paths_without_ct_are_named(tmp_path):
+def test_scan_paths_without_ct_are_named(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError, match=str(tmp_path / "nowhere")):
         find_scans(tmp_path / "nowhere")
     shutil.copy(get_testdata_file("MR_small.dcm"), tmp_path / "mr")
