@@ -154,8 +154,9 @@ class VitCTCLI(LightningCLI):
         from vit_ct.prediction import PredictionWriter
         from vit_ct.scan_results import ScanResultsWriter
 
-        self.trainer.callbacks.append(PredictionWriter(output_dir))
-        self.trainer.callbacks.append(ScanResultsWriter(output_dir))  # runs after it: reads predictions.csv
+        writer = PredictionWriter(output_dir)
+        self.trainer.callbacks.append(writer)
+        self.trainer.callbacks.append(ScanResultsWriter(writer))  # runs after it: reads its predictions.csv
 
     def after_fit(self) -> None:
         if self.config_init[self.subcommand].get("test_after_fit"):

@@ -148,13 +148,18 @@ class ScanResultsWriter(Callback):
     ``scans/<scan>_views.png``; files ``data.scans`` left out go to ``skipped.csv``. Rank 0 only.
 
     Args:
-        output_dir: The predict output folder.
+        writer: The run's ``PredictionWriter``; the scan results go into the folder it writes into (so that they
+            land in ``OUT`` together with ``predictions.csv``, however that writer stages its files).
         views: Also render the three orthogonal views of each scan's map over its CT.
     """
 
-    def __init__(self, output_dir: str | Path, *, views: bool = True) -> None:
-        self.output_dir = Path(output_dir)
+    def __init__(self, writer, *, views: bool = True) -> None:
+        self.writer = writer
         self.views = views
+
+    @property
+    def output_dir(self) -> Path:
+        return Path(self.writer.output_dir)
 
     def on_predict_epoch_end(self, trainer, pl_module) -> None:
         if not trainer.is_global_zero:
