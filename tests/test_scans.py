@@ -115,7 +115,7 @@ def test_manifest_command_lists_every_slice_with_blank_labels(archive, tmp_path,
 def test_scans_refuse_training(archive, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError, match="vit-ct manifest"):
-        main(["fit", "--config", DEMO, "--config", MANIFEST, "--data.init_args.scans", f"[{archive}]",
+        main(["fit", "--config", DEMO, "--config", MANIFEST, "--data.init_args.scans", str(archive),
               *TINY_MODEL_ARGS, "--trainer.logger", "false"])  # fmt: skip
 
 

@@ -231,7 +231,7 @@ class CTSliceDataModule(L.LightningDataModule):
             out and list them in ``bad_files.csv`` in the run folder (named in the log).
         weighted_sampler: Draw training slices with inverse class frequency (against class imbalance).
         scans: Predict on whole scans instead of a manifest: DICOM folders (one series, or a tree of studies and
-            series) and NIfTI volumes. Slices are grouped by series and ordered along the slice normal; objects that
+            series) and NIfTI volumes, one path or a list (``[a, b]``). Slices are grouped by series and ordered along the slice normal; objects that
             are not CT slices are skipped and listed in ``skipped.csv`` of the output folder.
     """
 
@@ -239,7 +239,7 @@ class CTSliceDataModule(L.LightningDataModule):
         self,
         manifest: str | None = None,
         *,
-        scans: list[str] | None = None,
+        scans: str | list[str] | None = None,
         windows: Window | list[Window] = "brain",
         img_size: int = 128,
         label_columns: list[str] | None = None,
@@ -257,7 +257,7 @@ class CTSliceDataModule(L.LightningDataModule):
         if manifest is not None and scans:
             raise ValueError("give data.manifest or data.scans, not both")
         self.manifest = manifest
-        self.scans = list(scans) if scans else None
+        self.scans = ([scans] if isinstance(scans, str) else list(scans)) if scans else None
         self.found_scans: list[Scan] = []
         self.skipped_objects: list[Skipped] = []  # files under `scans` that are not CT slices
         self.windows = parse_windows(windows)
