@@ -34,7 +34,9 @@ from vit_ct.checkpoint import (
 from vit_ct.data.datamodule import CTSliceDataModule
 from vit_ct.hardware import accelerator_name, describe_machine, resolve_precision, use_usable_cpus
 from vit_ct.model import ViTClassifier
+from vit_ct.progress import EpochLines
 from vit_ct.runs import remove_run_without_checkpoint, run_dir, write_summary
+from vit_ct.scan_metrics import ScanAUROC
 from vit_ct.trainer import Trainer as AutoPrecisionTrainer
 
 
@@ -60,6 +62,8 @@ class LoggedConfigCallback(SaveConfigCallback):
     created: Path | None = None  # the run folder, when this callback made it
 
     def save_config(self, trainer: Trainer, pl_module, stage: str) -> None:
+        if stage == "predict" and trainer.logger is None:  # no run folder: the outputs are in --output_dir
+            return
         folder = run_dir(trainer)
         self.created = None if folder.exists() else folder
         folder.mkdir(parents=True, exist_ok=True)
@@ -108,6 +112,9 @@ class VitCTCLI(LightningCLI):
         if config.trainer.get("enable_progress_bar") is False:  # Lightning refuses a progress bar callback then
             callbacks = [c for c in self.trainer_defaults["callbacks"] if not isinstance(c, ProgressBar)]
             self.trainer_defaults = {**self.trainer_defaults, "callbacks": callbacks}
+        if self.subcommand == "predict":
+            self._predict_without_default_logger(config)
+        place_wandb_runs(config)
 
     def _parse_ckpt_path(self) -> None:
         """Check ``--ckpt_path`` before Lightning reads the model's hyper-parameters from it: a missing, truncated or
@@ -117,6 +124,14 @@ class VitCTCLI(LightningCLI):
         if ckpt_path and str(ckpt_path).split(":")[0] not in SPECIAL_CKPT_PATHS and "://" not in str(ckpt_path):
             read_checkpoint(ckpt_path)
         super()._parse_ckpt_path()
+
+    def _predict_without_default_logger(self, config: Namespace) -> None:
+        """``predict`` logs nothing (its results are files in ``--output_dir``): the default W&B logger would open an
+        empty run, so it is dropped; a logger the user configured stays."""
+        # the predict subcommand's own parser holds its defaults (jsonargparse keeps it in the subcommands action)
+        defaults = self.parser._subcommands_action._name_parser_map["predict"].get_defaults().trainer.logger
+        if config.trainer.logger == defaults:
+            config.trainer.logger = False
 
     @staticmethod
     def _resolve_precision(config: Namespace) -> None:
@@ -198,12 +213,14 @@ class VitCTCLI(LightningCLI):
         if config.get("output_dir") is None:
             raise ValueError("vit-ct predict needs --output_dir OUT (where predictions.csv and maps are written)")
         from vit_ct.prediction import PredictionWriter
+        from vit_ct.scan_results import ScanResultsWriter
 
         inputs = [p for p in (config.get("ckpt_path"), getattr(self.datamodule, "manifest", None)) if p]
         # before reading any slice: a non-empty OUT is refused at once
         writer = PredictionWriter(config["output_dir"], overwrite=bool(config.get("overwrite")), inputs=inputs)
         self._check_data("predict")
         self.trainer.callbacks.append(writer)
+        self.trainer.callbacks.append(ScanResultsWriter(writer))  # runs after it: reads its predictions.csv
 
     def after_fit(self) -> None:
         if self.test_after_fit:
@@ -261,6 +278,16 @@ def _drop_unset_anonymous(logger: WandbLogger) -> None:
         del logger._wandb_init["anonymous"]
 
 
+def place_wandb_runs(config: Namespace) -> None:
+    """A W&B logger without ``save_dir`` saves its run (and Lightning the checkpoints) under
+    ``--trainer.default_root_dir``, else under ``runs/``; an explicit ``save_dir`` (or ``dir``) wins."""
+    loggers = config.trainer.logger if isinstance(config.trainer.logger, list) else [config.trainer.logger]
+    for logger in loggers:
+        is_wandb = isinstance(logger, Namespace) and str(logger.get("class_path", "")).endswith("WandbLogger")
+        if is_wandb and logger.init_args.get("save_dir") is None and logger.init_args.get("dir") is None:
+            logger.init_args.save_dir = str(config.trainer.get("default_root_dir") or "runs")
+
+
 def _is_given(value) -> bool:
     return value is not None
 
@@ -285,6 +312,11 @@ def main(args: list[str] | None = None, *, run: bool = True) -> VitCTCLI | None:
     an error prints its message and where it was raised and exits 1; ``--debug`` or ``VIT_CT_DEBUG=1``: the full
     traceback.
     """
+    if (sys.argv[1:] if args is None else args)[:1] == ["manifest"]:
+        from vit_ct.scan_manifest import main as manifest_main
+
+        manifest_main((sys.argv[1:] if args is None else args)[1:])
+        return None
     if args is not None:
         return _cli(args, run)
     if "--debug" in sys.argv[1:]:
@@ -323,9 +355,12 @@ def _cli(args: list[str] | None, run: bool) -> VitCTCLI:
         seed_everything_default=0,
         auto_configure_optimizers=False,
         trainer_defaults={
-            "logger": lazy_instance(WandbLogger, project="vit-ct", save_dir="runs"),
+            # save_dir None: runs/ or --trainer.default_root_dir (place_wandb_runs)
+            "logger": lazy_instance(WandbLogger, project="vit-ct", save_dir=None),
             "callbacks": [
                 RichProgressBar(),
+                EpochLines(),
+                ScanAUROC(),
                 LearningRateMonitor(logging_interval="epoch"),
                 RolloutOverlayCallback(),
                 BadFilesReport(),

@@ -31,7 +31,7 @@ from vit_ct.explain.rollout import class_token_rollout
 from vit_ct.explain.sink import SinkMetrics, sink_per_slice
 from vit_ct.metrics import classification_metrics
 from vit_ct.stem import ConvStemPatchEmbed
-from vit_ct.weights import load_weights
+from vit_ct.weights import check_pretrained_tag, load_state, load_weights, pretrained_state_dict
 
 
 class ViTClassifier(L.LightningModule):
@@ -85,6 +85,11 @@ class ViTClassifier(L.LightningModule):
             the attention loss is on (``attention_loss_weight`` > 0), whose attention must stay in the graph.
         weights: Initial weights: a vit-ct checkpoint or a timm state-dict file. Channels, position grid and
             differently sized heads are adapted. Only the network is loaded, not the trainer state.
+        pretrained: A timm pretrained tag (e.g. ``vit_small_patch16_224.augreg_in21k_ft_in1k``,
+            ``vit_base_patch16_224.mae``): the network takes the tag's architecture (``arch``, ``embed_dim``,
+            ``depth`` and ``num_heads`` are then not used) and its weights, loaded by timm through the Hugging Face
+            hub and its local cache (``HF_HUB_OFFLINE=1`` once cached), adapted as for ``weights``. Use it with
+            ``stem: patch``: a conv stem has no pretrained weights and starts afresh.
         optimizer: Replaces the default AdamW; receives the parameter groups.
         scheduler: Replaces the default per-step warm-up + cosine schedule.
     """
@@ -123,6 +128,7 @@ class ViTClassifier(L.LightningModule):
         localisation_tolerance_mm: float = 5.0,
         grad_checkpointing: bool = False,
         weights: str | None = None,
+        pretrained: str | None = None,
         optimizer: OptimizerCallable | None = None,
         scheduler: LRSchedulerCallable | None = None,
     ) -> None:
@@ -133,16 +139,24 @@ class ViTClassifier(L.LightningModule):
             num_classes, multilabel, img_size, patch_size, class_names, class_weights, label_weights, arch, lr
         )
         # `weights` is a start point, not part of the model: a checkpoint must load without that file.
-        self.save_hyperparameters(ignore=["optimizer", "scheduler", "weights"])
+        self.save_hyperparameters(ignore=["optimizer", "scheduler", "weights", "pretrained"])
         self.hparams.num_classes = num_classes  # resolved (the CLI hands its own config to save_hyperparameters)
+        if pretrained:  # the tag's architecture, recorded so that a checkpoint rebuilds it without the hub
+            check_pretrained_tag(pretrained)
+            self.hparams.pop("pretrained", None)
+            self.hparams.update(arch=pretrained.split(".")[0], embed_dim=None, depth=None, num_heads=None)
         self.task = "multilabel" if multilabel else ("binary" if num_classes == 2 else "multiclass")
         self.configure_network()
         self.configure_losses()
         self.configure_metrics()
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
+        if weights and pretrained:
+            raise ValueError("give --model.weights or --model.pretrained, not both")
         if weights:
             load_weights(self, weights, vit=self.vit)
+        if pretrained:
+            load_state(self, pretrained_state_dict(pretrained), vit=self.vit, source=f"--model.pretrained {pretrained}")
 
     def configure_network(self) -> None:
         """The timm ViT (conv stem or timm's patch embedding) and the patch head of the mask-supervised loss."""
@@ -331,7 +345,7 @@ class ViTClassifier(L.LightningModule):
             self.log(f"train/{name}", value, on_step=False, on_epoch=True, batch_size=size)
         return loss
 
-    def _evaluate(self, batch: dict, stage: str) -> torch.Tensor | None:
+    def _evaluate(self, batch: dict, stage: str) -> dict[str, torch.Tensor] | None:
         keep = batch.get("valid")  # False on samples a distributed sampler repeated to even out the ranks
         if keep is not None and not keep.all():
             batch = {k: v[keep] if torch.is_tensor(v) and v.shape[:1] == keep.shape else v for k, v in batch.items()}
@@ -341,11 +355,13 @@ class ViTClassifier(L.LightningModule):
         # one forward pass for the losses, the metrics and the explanation
         explained = self._explained(lambda: self._losses(batch), batch["image"].shape)
         loss, logits, _ = explained.output
-        self.metrics[stage].update(self.probabilities(logits), label)
+        probs = self.probabilities(logits)
+        self.metrics[stage].update(probs, label)
         self.log(f"{stage}/loss", loss, prog_bar=stage == "val", sync_dist=True, batch_size=len(label))
         self.log_dict(self.metrics[stage], prog_bar=stage == "val")
         self._localise(batch, explained, stage)
-        return loss
+        # the slices' probabilities and rows go to callbacks (per-scan AUROC, vit_ct.scan_metrics)
+        return {"loss": loss, "prob": probs.detach(), "index": batch["index"]}
 
     def _explained(self, forward, image_shape) -> Explained:
         return explain_forward(
@@ -400,10 +416,10 @@ class ViTClassifier(L.LightningModule):
     def on_test_epoch_end(self) -> None:
         self._log_localisation("test")
 
-    def validation_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+    def validation_step(self, batch: dict, batch_idx: int) -> dict[str, torch.Tensor] | None:
         return self._evaluate(batch, "val")
 
-    def test_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+    def test_step(self, batch: dict, batch_idx: int) -> dict[str, torch.Tensor] | None:
         return self._evaluate(batch, "test")
 
     def explain(self, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -38,7 +38,11 @@ def report(output_dir: str | Path, summary: dict) -> str:
     ]
     if (output_dir / "predictions.csv").is_file():
         lines[-1] += f": {len(pd.read_csv(output_dir / 'predictions.csv'))} slices"
-    names = ("auroc", "accuracy", "sensitivity", "specificity")
+    if (output_dir / "scans.csv").is_file():
+        n_scans = len(pd.read_csv(output_dir / "scans.csv"))
+        nifti = "(scans/*_ct.nii.gz, *_rollout.nii.gz)"
+        lines.append(f"  scans             {output_dir / 'scans.csv'}  {nifti}: {n_scans} scans")
+    names = ("auroc", "accuracy", "sensitivity", "specificity", "scan_auroc")
     lines.append("  test  " + "  ".join(f"{n} {metrics[f'test/{n}']:.3f}" for n in names if f"test/{n}" in metrics))
     if "test/rollout_pointing" in metrics:
         tolerance = summary.get("localisation_tolerance_mm")

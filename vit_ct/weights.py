@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import timm
 import torch
 from timm.layers import resample_abs_pos_embed
 from timm.models import VisionTransformer, adapt_input_conv
@@ -81,7 +82,45 @@ def load_weights(model: torch.nn.Module, path: str | Path, *, vit: VisionTransfo
         ValueError: The file is unreadable or its tensors do not fit the architecture (other than the
             adaptable channels, position grid and heads).
     """
-    state = adapt_state_dict(read_state_dict(path), vit)
+    return load_state(model, read_state_dict(path), vit=vit, source=f"weights file {path}")
+
+
+def check_pretrained_tag(tag: str) -> None:
+    """Raises a ValueError unless ``tag`` names pretrained weights timm knows, of a Vision Transformer."""
+    if not timm.list_pretrained(tag) or not tag.startswith(("vit_", "deit")):
+        raise ValueError(
+            f"--model.pretrained {tag}: not a timm pretrained tag of a ViT; list them with "
+            "timm.list_pretrained('vit_*'), e.g. vit_small_patch16_224.augreg_in21k_ft_in1k"
+        )
+
+
+def pretrained_state_dict(tag: str) -> dict[str, torch.Tensor]:
+    """The weights of a timm pretrained tag (``vit_small_patch16_224.augreg_in21k_ft_in1k``), through timm's own
+    loading: the Hugging Face hub and its local cache (offline with ``HF_HUB_OFFLINE=1`` once cached), and timm's
+    conversion of the original checkpoints.
+
+    Raises:
+        ValueError: an unknown tag, or weights neither cached nor downloadable.
+    """
+    check_pretrained_tag(tag)
+    try:
+        return timm.create_model(tag, pretrained=True).state_dict()
+    except Exception as err:  # huggingface_hub and timm raise many types for a missing or unreachable file
+        from huggingface_hub.constants import HF_HUB_CACHE
+
+        raise ValueError(
+            f"--model.pretrained {tag}: its weights could not be loaded ({type(err).__name__}: {err}). Without internet"
+            f" they must be in the Hugging Face cache ({HF_HUB_CACHE}): load the tag once with internet, or give a"
+            " weights file with --model.weights"
+        ) from None
+
+
+def load_state(
+    model: torch.nn.Module, state: dict[str, torch.Tensor], *, vit: VisionTransformer, source: str
+) -> list[str]:
+    """Copy a ViT state dict into ``model`` (whose timm network is ``vit``), adapted to it (:func:`adapt_state_dict`);
+    returns the re-initialised keys. ``source`` names the weights in errors."""
+    state = adapt_state_dict(state, vit)
     # Heads that live beside the timm network (e.g. the patch head) keep their own prefix.
     target = model.state_dict()
     vit_prefix = next(name for name, module in model.named_modules() if module is vit)
@@ -94,7 +133,7 @@ def load_weights(model: torch.nn.Module, path: str | Path, *, vit: VisionTransfo
         elif not key.startswith(_HEAD_PREFIXES):
             shape = tuple(target[name].shape) if name in target else "absent"
             raise ValueError(
-                f"weights file {path}: tensor {key} {tuple(value.shape)} does not fit the model ({shape}); "
+                f"{source}: tensor {key} {tuple(value.shape)} does not fit the model ({shape}); "
                 "is it a different architecture (embed_dim, depth, patch_size)?"
             )
     missing = [k for k in target if k not in remapped]
@@ -103,6 +142,6 @@ def load_weights(model: torch.nn.Module, path: str | Path, *, vit: VisionTransfo
     )
     not_heads = [k for k in missing if not k.removeprefix(vit_prefix).startswith(fresh)]
     if not_heads:
-        raise ValueError(f"weights file {path} lacks {len(not_heads)} tensors of the model, e.g. {not_heads[:3]}")
+        raise ValueError(f"{source} lacks {len(not_heads)} tensors of the model, e.g. {not_heads[:3]}")
     model.load_state_dict(remapped, strict=False)
     return missing

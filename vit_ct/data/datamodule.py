@@ -37,6 +37,7 @@ from vit_ct.data.manifest import (
     write_bad_files,
 )
 from vit_ct.data.reader import load_ct_slice, load_mask, read_pixel_spacing
+from vit_ct.data.scans import Scan, Skipped, find_scans, scan_table
 from vit_ct.data.splits import SPLIT_FRACTIONS
 from vit_ct.data.windows import AIR_HU, parse_windows, stack_windows
 
@@ -206,12 +207,17 @@ class CTSliceDataModule(L.LightningDataModule):
             ``null`` accepts any file and takes its values as they are.
         stored_values_are_hu: Accept CT DICOM without rescale slope/intercept, taking stored values as HU (by
             default such files are bad files: some scanners store HU + 1024).
+        scans: Predict on whole scans instead of a manifest: DICOM folders (one series, or a tree of studies and
+            series) and NIfTI volumes, one path or a list (``[a, b]``). Slices are grouped by series and ordered along
+            the slice normal; objects that are not CT slices are skipped and listed in ``skipped.csv`` of the output
+            folder.
     """
 
     def __init__(
         self,
         manifest: str | None = None,
         *,
+        scans: str | list[str] | None = None,
         windows: Window | list[Window] = "brain",
         img_size: int = 128,
         label_columns: list[str] | None = None,
@@ -228,7 +234,12 @@ class CTSliceDataModule(L.LightningDataModule):
         stored_values_are_hu: bool = False,
     ) -> None:
         super().__init__()
+        if manifest is not None and scans:
+            raise ValueError("give data.manifest or data.scans, not both")
         self.manifest = manifest
+        self.scans = ([scans] if isinstance(scans, str) else list(scans)) if scans else None
+        self.found_scans: list[Scan] = []
+        self.skipped_objects: list[Skipped] = []  # files under `scans` that are not CT slices
         self.windows = parse_windows(windows)
         if img_size <= 0:
             raise ValueError(f"img_size must be positive, got {img_size}")
@@ -274,6 +285,8 @@ class CTSliceDataModule(L.LightningDataModule):
         Args:
             require_labels: False for prediction, where rows (or the whole manifest) may be unlabelled.
         """
+        if self.scans is not None:
+            return self._scan_rows(require_labels)
         if self.table is None or (require_labels and not self._labelled):
             path = self.manifest_path()
             table = read_manifest(path, label_columns=self.label_columns, require_labels=require_labels)
@@ -281,6 +294,24 @@ class CTSliceDataModule(L.LightningDataModule):
             table, self.bad_rows = validate_manifest_files(table, on_bad_file=self.on_bad_file, **self.read_options)
             self.table = assign_splits(table, fractions=self.split_fractions, seed=self.split_seed)
             self._labelled = require_labels
+        return self.table
+
+    def _scan_rows(self, require_labels: bool) -> pd.DataFrame:
+        """The slices of ``scans`` as manifest rows (unlabelled, no split), read once."""
+        if require_labels:
+            raise ValueError(
+                "data.scans carry no labels, so they serve `vit-ct predict` only; to train or test on them, write a"
+                " manifest with `vit-ct manifest FOLDER --output my.csv`, fill in its label column and pass"
+                " --data.manifest my.csv"
+            )
+        if self.table is None:
+            self.found_scans, self.skipped_objects = find_scans(self.scans)
+            table = scan_table(self.found_scans)
+            table["image_ref"] = table["image"]
+            table["label"] = pd.array([pd.NA] * len(table), dtype="Int64")
+            table["split"] = None
+            table.attrs.update(label_columns=None, manifest=None)
+            self.table, self.bad_rows = validate_manifest_files(table, on_bad_file=self.on_bad_file)
         return self.table
 
     def check(self, stage: str, *, num_classes: int | None = None) -> None:

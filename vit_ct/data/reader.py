@@ -102,6 +102,24 @@ def _to_display(plane: np.ndarray, affine: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(out)
 
 
+def from_display(plane: np.ndarray, affine: np.ndarray) -> np.ndarray:
+    """Inverse of the display reorientation: a (rows, columns) plane as `load_ct_slice` returns it, back on the
+    NIfTI's own voxel axes 0 and 1 (for writing a volume on the file's grid)."""
+    transpose, flip_rows, flip_cols = _display_axes(affine)
+    out = plane
+    if flip_cols:
+        out = out[:, ::-1]
+    if flip_rows:
+        out = out[::-1, :]
+    return np.ascontiguousarray(out.T if transpose else out)
+
+
+def display_shape(img: nib.Nifti1Image) -> tuple[int, int]:
+    """(rows, columns) of a NIfTI's slices as `load_ct_slice` returns them."""
+    rows, cols = img.shape[:2]
+    return (cols, rows) if _display_axes(img.affine)[0] else (rows, cols)
+
+
 def _load_nifti(path: Path, frame: int | None, *, any_frame_if_2d: bool = False) -> np.ndarray:
     img = _nifti(path)
     slicer = _nifti_slicer(path, img, frame, any_frame_if_2d=any_frame_if_2d)
@@ -117,9 +135,7 @@ def _load_nifti(path: Path, frame: int | None, *, any_frame_if_2d: bool = False)
 def _probe_nifti(path: Path, frame: int | None, *, any_frame_if_2d: bool = False) -> tuple[int, int]:
     img = _nifti(path)
     _nifti_slicer(path, img, frame, any_frame_if_2d=any_frame_if_2d)
-    transpose = _display_axes(img.affine)[0]
-    rows, cols = img.shape[:2]
-    return (cols, rows) if transpose else (rows, cols)
+    return display_shape(img)
 
 
 # ---------------------------------------------------------------------------------------------------------- .npy

@@ -29,6 +29,7 @@ from vit_ct.review.cases import (
     roc_points,
     run_config,
     run_review,
+    scan_results,
     sink_summary,
     source_map,
     summary_metrics,
@@ -63,5 +64,6 @@ __all__ = [
     "run_review",
     "sink_summary",
     "source_map",
+    "scan_results",
     "summary_metrics",
 ]

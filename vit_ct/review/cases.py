@@ -38,6 +38,7 @@ from vit_ct.explain.rollout import last_block_attention, per_block_maps, per_hea
 from vit_ct.explain.sink import air_patches, class_token_shares, sink_per_slice
 from vit_ct.model import ViTClassifier
 from vit_ct.runs import LATEST_SUMMARY
+from vit_ct.scan_results import scan_auroc, scan_column, scan_summary
 
 GROUPS = {"TP": "true positive", "FP": "false positive", "FN": "false negative", "TN": "true negative"}
 SCORES = ("pointing", "energy", "mask_fraction", "pixel_auroc")
@@ -201,18 +202,20 @@ def run_review(
 
     Returns:
         One row per slice, indexed by its row in the split (``index``): ``image`` (as in the manifest),
-        ``image_path``, ``mask_path`` (None without a mask), ``frame``, ``label`` (Int64: 0/1 lesion, <NA> when
-        unknown), ``prob`` (P(lesion)), ``group`` (:func:`outcome` at ``threshold``), ``rows``, ``cols`` (the source
-        slice), ``rollout`` (the ``(grid_h, grid_w)`` map; :func:`source_map` brings it to the source grid), the
-        attention sink (:func:`vit_ct.explain.sink.sink_per_slice`: ``rollout_air``, ``rollout_outside_head``, and
-        ``cls_prefix`` / ``cls_air`` arrays with one share per block), and per
-        map source (``rollout``, ``floor_image``, ``floor_head``) the localisation scores ``{source}_{score}`` on
-        the model grid, as the model's ``test/`` metrics, NaN where the slice has no lesion mask.
+        ``image_path``, ``scan`` (the manifest's ``scan``, else ``patient_id``), ``mask_path`` (None without a mask),
+        ``frame``, ``label`` (Int64: 0/1 lesion, <NA> when unknown), ``prob`` (P(lesion)), ``group`` (:func:`outcome`
+        at ``threshold``), ``rows``, ``cols`` (the source slice), ``rollout`` (the ``(grid_h, grid_w)`` map;
+        :func:`source_map` brings it to the source grid), the attention sink
+        (:func:`vit_ct.explain.sink.sink_per_slice`: ``rollout_air``, ``rollout_outside_head``, and ``cls_prefix`` /
+        ``cls_air`` arrays with one share per block), and per map source (``rollout``, ``floor_image``,
+        ``floor_head``) the localisation scores ``{source}_{score}`` on the model grid, as the model's ``test/``
+        metrics, NaN where the slice has no lesion mask.
     """
     model.eval()
     datamodule.setup("predict")
     loader = datamodule.predict_dataloader()
     split_rows = loader.dataset.table
+    scan_key = scan_column(split_rows)
     records = []
     for batch in track(loader, description="reviewing slices", disable=not progress, transient=True):
         batch = {k: v.to(model.device) if torch.is_tensor(v) else v for k, v in batch.items()}
@@ -241,6 +244,7 @@ def run_review(
                     "index": index,
                     "image": row["image_ref"],
                     "image_path": row["image"],
+                    "scan": row[scan_key] if scan_key else None,
                     "mask_path": mask if isinstance(mask, str) and mask else None,
                     "frame": None if pd.isna(row.get("slice", pd.NA)) else int(row["slice"]),
                     "label": pd.NA if label < 0 else int(label > 0),
@@ -302,8 +306,19 @@ def confusion(table: pd.DataFrame, threshold: float = 0.5) -> pd.DataFrame:
     return pd.DataFrame(counts, index=pd.Index([0, 1], name="true"), columns=pd.Index([0, 1], name="predicted"))
 
 
+def scan_results(table: pd.DataFrame) -> pd.DataFrame | None:
+    """One row per scan of the review table, as ``scans.csv`` of ``vit-ct predict``: ``prob`` the maximum over the
+    scan's slices, ``label`` 1 when any slice has a lesion; None when the slices name no scan."""
+    if "scan" not in table.columns or table["scan"].isna().any():
+        return None
+    slices = table.reset_index().rename(columns={"index": "order", "prob": "p_lesion"})
+    slices["positive"] = (slices["label"] > 0).astype("boolean").where(slices["label"].notna())
+    return scan_summary(slices, "scan")
+
+
 def summary_metrics(table: pd.DataFrame, threshold: float = 0.5) -> pd.Series:
-    """Slices, positives, AUROC (NaN with one class only), accuracy, sensitivity, specificity at ``threshold``."""
+    """Slices, positives, AUROC (NaN with one class only), accuracy, sensitivity, specificity at ``threshold``; and
+    where the slices name their scans, the scans, the positive scans and the scan-level AUROC (:func:`scan_results`)."""
     prob, label = _labelled(table)
     (tn, fp), (fn, tp) = confusion(table, threshold).to_numpy()
     both = 0 < label.sum() < len(label)
@@ -312,16 +327,19 @@ def summary_metrics(table: pd.DataFrame, threshold: float = 0.5) -> pd.Series:
     def ratio(a: int, b: int) -> float:
         return a / b if b else float("nan")
 
-    return pd.Series(
-        {
-            "slices": len(label),
-            "positives": int(label.sum()),
-            "auroc": auroc,
-            "accuracy": ratio(tp + tn, len(label)),
-            "sensitivity": ratio(tp, tp + fn),
-            "specificity": ratio(tn, tn + fp),
-        }
-    )
+    metrics = {
+        "slices": len(label),
+        "positives": int(label.sum()),
+        "auroc": auroc,
+        "accuracy": ratio(tp + tn, len(label)),
+        "sensitivity": ratio(tp, tp + fn),
+        "specificity": ratio(tn, tn + fp),
+    }
+    scans = scan_results(table)
+    if scans is not None:
+        known = scans[scans["label"].notna()]
+        metrics.update(scans=len(known), positive_scans=int(known["label"].sum()), scan_auroc=scan_auroc(scans))
+    return pd.Series(metrics)
 
 
 def roc_points(table: pd.DataFrame) -> pd.DataFrame:

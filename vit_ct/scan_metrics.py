@@ -1,0 +1,75 @@
+"""Scan-level AUROC during validation and test: a scan's probability is the maximum over its slices, and a scan is
+positive when any of its slices is (clinical ICH triage and the CQ500 benchmark score scans, not slices)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.distributed as dist
+from lightning.pytorch.callbacks import Callback
+
+from vit_ct.scan_results import scan_auroc, scan_column, scan_summary
+
+
+def lesion_scores(probs: torch.Tensor, task: str) -> torch.Tensor:
+    """P(lesion) ``(B,)`` from the model's probabilities: binary as is, multi-class 1 - P(class 0), multi-label the
+    largest label probability (an ``any`` label included)."""
+    if task == "binary":
+        return probs
+    return probs.max(dim=1).values if task == "multilabel" else 1.0 - probs[:, 0]
+
+
+class ScanAUROC(Callback):
+    """Logs ``val/scan_auroc`` and ``test/scan_auroc`` when the split's rows name their scan (a ``scan`` column, as
+    ``vit-ct manifest`` writes, else ``patient_id``: one scan per patient) and the scans hold both classes."""
+
+    def __init__(self) -> None:
+        self._scores: list[tuple[int, float]] = []
+
+    def _start(self, *_) -> None:
+        self._scores = []
+
+    on_validation_epoch_start = on_test_epoch_start = _start
+
+    def _batch(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        if isinstance(outputs, dict) and "prob" in outputs:
+            scores = lesion_scores(outputs["prob"].float(), pl_module.task).cpu().tolist()
+            self._scores += list(zip(outputs["index"].cpu().tolist(), scores, strict=True))
+
+    on_validation_batch_end = on_test_batch_end = _batch
+
+    def _end(self, trainer, pl_module, stage: str) -> None:
+        dataset = getattr(trainer.datamodule, "datasets", {}).get(stage)
+        table = getattr(dataset, "table", None)
+        if table is None or trainer.sanity_checking:
+            return
+        scores = self._scores
+        if dist.is_available() and dist.is_initialized():  # every rank holds its shard's slices
+            parts = [None] * dist.get_world_size()
+            dist.all_gather_object(parts, scores)
+            scores = [s for part in parts for s in part]
+        key = scan_column(table)
+        if key is None or not scores:
+            return
+        index, probs = (np.array(v) for v in zip(*dict(scores).items(), strict=True))
+        rows = table.iloc[index]
+        labels = rows[table.attrs["label_columns"]].sum(axis=1) if table.attrs.get("label_columns") else rows["label"]
+        slices = pd.DataFrame(
+            {
+                key: rows[key].to_numpy(),
+                "order": index,
+                "image": rows["image_ref"].to_numpy(),
+                "p_lesion": probs,
+                "positive": (labels > 0).astype("boolean").where(labels.notna()).to_numpy(),
+            }
+        )
+        auroc = scan_auroc(scan_summary(slices, key))
+        if np.isfinite(auroc):
+            pl_module.log(f"{stage}/scan_auroc", auroc)  # the same on every rank
+
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        self._end(trainer, pl_module, "val")
+
+    def on_test_epoch_end(self, trainer, pl_module) -> None:
+        self._end(trainer, pl_module, "test")

@@ -1,0 +1,224 @@
+"""Per-scan results of ``vit-ct predict``: ``scans.csv`` (slice probabilities, the scan's probability as the maximum
+over its slices, the slice where it peaks) and, per scan, the rollout volume and the CT as NIfTI on the scan's own
+grid and affine, so that a viewer (3D Slicer, ITK-SNAP) overlays them without registration.
+"""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import nibabel as nib
+import numpy as np
+import pandas as pd
+import torch
+from lightning.pytorch.callbacks import Callback
+from torchmetrics.functional.classification import binary_auroc
+
+from vit_ct.data.filecheck import atomic_write
+from vit_ct.data.reader import from_display, load_ct_slice
+from vit_ct.data.scans import Scan, find_scans, nifti_scan
+from vit_ct.data.windows import AIR_HU
+from vit_ct.explain.volume_views import render_orthogonal_views
+
+
+def scan_column(table: pd.DataFrame) -> str | None:
+    """The column that names each slice's scan: ``scan`` (scans, or a manifest from ``vit-ct manifest``), else
+    ``patient_id`` (one scan per patient, as in the synthetic set); None when the table has neither."""
+    for column in ("scan", "patient_id"):
+        if column in table.columns and table[column].notna().all():
+            return column
+    return None
+
+
+def lesion_probability(predictions: pd.DataFrame) -> pd.Series:
+    """P(lesion) per slice from ``predictions.csv``: ``prob`` (two classes), 1 - P(first class) for multi-class,
+    ``prob_any`` or else the largest label probability for multi-label."""
+    if "prob" in predictions.columns:
+        return predictions["prob"]
+    columns = [c for c in predictions.columns if c.startswith("prob_")]
+    if "prob_any" in columns:
+        return predictions["prob_any"]
+    if any(c.startswith("label_") for c in predictions.columns):  # multi-label: independent outputs
+        return predictions[columns].max(axis=1)
+    return 1.0 - predictions[columns[0]]
+
+
+def slice_positive(predictions: pd.DataFrame) -> pd.Series:
+    """Whether each slice holds a lesion (label > 0, or any multi-label column 1); <NA> where unknown."""
+    if "label" in predictions.columns:
+        return (predictions["label"] > 0).astype("boolean").where(predictions["label"].notna())
+    columns = [c for c in predictions.columns if c.startswith("label_")]
+    if not columns:
+        return pd.Series(pd.NA, index=predictions.index, dtype="boolean")
+    known = predictions[columns].notna().all(axis=1)
+    return (predictions[columns].fillna(0).sum(axis=1) > 0).astype("boolean").where(known)
+
+
+def scan_summary(slices: pd.DataFrame, key: str) -> pd.DataFrame:
+    """One row per scan from per-slice rows (``key``, ``order``, ``image``, ``p_lesion``, ``positive``).
+
+    Columns: ``scan``, ``n_slices``, ``prob`` (the maximum of the slices' P(lesion): a scan holds a lesion when one
+    slice does), ``peak_slice`` (index along the scan, as ``k`` of the NIfTI volume), ``peak_image``,
+    ``slice_probs`` (';'-separated, in scan order), and ``label`` (1 when any slice is positive, 0 when all are
+    negative, empty when a slice's label is unknown).
+    """
+    rows = []
+    for scan, group in slices.sort_values([key, "order"]).groupby(key, sort=False):
+        probs = group["p_lesion"].to_numpy(dtype=float)
+        peak = int(np.argmax(probs))
+        known = group["positive"].notna().all()
+        rows.append(
+            {
+                "scan": scan,
+                "n_slices": len(group),
+                "prob": float(probs[peak]),
+                "peak_slice": peak,
+                "peak_image": group["image"].iloc[peak],
+                "label": int(group["positive"].any()) if known else pd.NA,
+                "slice_probs": ";".join(f"{p:.4f}" for p in probs),
+            }
+        )
+    table = pd.DataFrame(rows)
+    table["label"] = table["label"].astype("Int64")
+    return table
+
+
+def scan_auroc(scans: pd.DataFrame) -> float:
+    """AUROC of the scans' probabilities against their labels (NaN without both classes)."""
+    known = scans[scans["label"].notna()]
+    if known["label"].nunique() < 2:
+        return float("nan")
+    return float(binary_auroc(torch.tensor(known["prob"].to_numpy(float)), torch.tensor(known["label"].to_numpy(int))))
+
+
+# ------------------------------------------------------------------------------------------------------- NIfTI
+
+
+def save_nifti(volume: np.ndarray, affine: np.ndarray, path: Path) -> None:
+    """Write ``.nii.gz`` atomically, with the affine as sform and qform (scanner coordinates, mm)."""
+    img = nib.Nifti1Image(volume, affine)
+    img.set_sform(affine, code=1)
+    img.set_qform(affine, code=1)
+    img.header.set_xyzt_units("mm")
+    with atomic_write(path) as tmp:
+        tmp.write_bytes(gzip.compress(img.to_bytes(), compresslevel=6))
+
+
+def _slice_plane(scan: Scan, plane: np.ndarray) -> np.ndarray:
+    """A (rows, columns) plane as `load_ct_slice` shows it, on the volume's voxel axes 0 and 1."""
+    return from_display(plane, scan.affine) if scan.kind == "nifti" else plane
+
+
+def scan_volumes(scan: Scan, maps: dict[int, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The CT (HU) and rollout volumes of a scan; slice ``k`` of the rollout is ``maps[k]`` (zero where the slice
+    was not predicted, air in the CT)."""
+    rows, cols = nib.load(scan.source).shape[:2] if scan.kind == "nifti" else scan.shape  # the voxel grid
+    ct = np.full((rows, cols, len(scan.images)), AIR_HU, dtype=np.float32)
+    rollout = np.zeros((rows, cols, len(scan.images)), dtype=np.float32)
+    for k, (image, frame) in enumerate(zip(scan.images, scan.frames, strict=True)):
+        if k in maps:
+            ct[:, :, k] = _slice_plane(scan, load_ct_slice(image, frame))
+            rollout[:, :, k] = _slice_plane(scan, maps[k])
+    if np.array_equal(ct, np.round(ct)) and ct.min() >= -32768 and ct.max() <= 32767:
+        ct = ct.astype(np.int16)  # whole HU, as the scanner stores them: half the size
+    return ct, rollout
+
+
+def group_scan(images: list[str]) -> Scan | None:
+    """The scan geometry of a manifest's group of slices: their DICOM series or NIfTI volume, when they form exactly
+    one; None otherwise (no volume is written for it)."""
+    if len(set(images)) == 1 and images[0].lower().endswith((".nii", ".nii.gz")):
+        return nifti_scan(images[0])
+    try:
+        scans, _ = find_scans(sorted(set(images)))
+    except ValueError:
+        return None
+    return scans[0] if len(scans) == 1 else None
+
+
+def _frame(value) -> int | None:
+    """A frame number as the scan lists it: None for a single-frame file (pandas holds it as NaN or <NA>)."""
+    return None if value is None or pd.isna(value) else int(value)
+
+
+class ScanResultsWriter(Callback):
+    """After :class:`vit_ct.prediction.PredictionWriter` has written ``predictions.csv``: ``scans.csv`` and, per scan
+    with a known geometry, ``scans/<scan>_ct.nii.gz``, ``scans/<scan>_rollout.nii.gz`` and a three-view PNG
+    ``scans/<scan>_views.png``; files ``data.scans`` left out go to ``skipped.csv``. Rank 0 only.
+
+    Args:
+        writer: The run's ``PredictionWriter``; the scan results go into the folder it writes into (so that they
+            land in ``OUT`` together with ``predictions.csv``, however that writer stages its files).
+        views: Also render the three orthogonal views of each scan's map over its CT.
+    """
+
+    def __init__(self, writer, *, views: bool = True) -> None:
+        self.writer = writer
+        self.views = views
+
+    @property
+    def output_dir(self) -> Path:
+        return Path(self.writer.output_dir)
+
+    def on_predict_epoch_end(self, trainer, pl_module) -> None:
+        if not trainer.is_global_zero:
+            return
+        datamodule = trainer.datamodule
+        table = trainer.predict_dataloaders.dataset.table
+        skipped = getattr(datamodule, "skipped_objects", [])
+        if skipped:
+            with atomic_write(self.output_dir / "skipped.csv") as tmp:
+                pd.DataFrame([vars(s) for s in skipped], columns=["path", "reason"]).to_csv(tmp, index=False)
+        key = scan_column(table)
+        if key is None:
+            return
+        predictions = pd.read_csv(self.output_dir / "predictions.csv")
+        # predictions.csv lists the dataset's rows in order, one each
+        if len(predictions) != len(table) or list(predictions["image"]) != list(table["image_ref"]):
+            raise RuntimeError("predictions.csv does not list the predicted slices in order")
+        slices = pd.DataFrame(
+            {
+                key: table[key].to_numpy(),
+                "image": table["image_ref"].to_numpy(),
+                "path": table["image"].to_numpy(),
+                "frame": table["slice"].to_numpy() if "slice" in table.columns else None,
+                "rollout": predictions["rollout"].to_numpy(),
+                "p_lesion": lesion_probability(predictions).to_numpy(),
+                "positive": slice_positive(predictions).to_numpy(),
+            }
+        )
+        known = {s.scan_id: s for s in getattr(datamodule, "found_scans", [])} if key == "scan" else {}
+        geometry = {}
+        for scan_id, group in slices.groupby(key, sort=False):
+            scan = known.get(scan_id) or group_scan(list(group["path"]))
+            order = [None]
+            if scan is not None:  # each slice's index along the scan
+                where = {(p, _frame(f)): k for k, (p, f) in enumerate(zip(scan.images, scan.frames, strict=True))}
+                order = [where.get((p, _frame(f))) for p, f in zip(group["path"], group["frame"], strict=True)]
+            if None in order:
+                slices.loc[group.index, "order"] = range(len(group))  # manifest order; no volume
+                continue
+            slices.loc[group.index, "order"] = order
+            geometry[scan_id] = scan
+        scans = scan_summary(slices, key)
+        scans["ct"], scans["rollout"], scans["views"] = None, None, None
+        for i, row in scans.iterrows():
+            scan = geometry.get(row["scan"])
+            if scan is None:
+                continue
+            group = slices[slices[key] == row["scan"]]
+            maps = {int(k): np.load(self.output_dir / r) for k, r in zip(group["order"], group["rollout"], strict=True)}
+            ct, rollout = scan_volumes(scan, maps)
+            stem = Path("scans") / str(row["scan"])
+            paths = {name: f"{stem}_{name}.nii.gz" for name in ("ct", "rollout")}
+            save_nifti(ct, scan.affine, self.output_dir / paths["ct"])
+            save_nifti(rollout, scan.affine, self.output_dir / paths["rollout"])
+            scans.loc[i, ["ct", "rollout"]] = paths["ct"], paths["rollout"]
+            if self.views:
+                path = f"{stem}_views.png"
+                render_orthogonal_views(ct, rollout, scan.affine, self.output_dir / path, title=str(row["scan"]))
+                scans.loc[i, "views"] = path
+            scans.loc[i, ["series_uid", "notes"]] = scan.series_uid, "; ".join(scan.notes)
+        with atomic_write(self.output_dir / "scans.csv") as tmp:
+            scans.to_csv(tmp, index=False)
