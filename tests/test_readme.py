@@ -29,6 +29,8 @@ SKIPPED = {
     ("srun",): "needs a SLURM cluster with GPUs",
 }
 GPU_ONLY = "needs a GPU (--trainer.accelerator gpu)"
+HUB = "needs the network: a --model.pretrained tag's weights come from the Hugging Face hub (test_pretrained.py runs"
+HUB += " it offline)"
 
 # Tiny sizes, appended to a command (later arguments win), chosen by the configs it names.
 TINY_MANIFEST = ["--data.init_args.img_size", "32", "--data.init_args.batch_size", "4"]
@@ -36,8 +38,9 @@ TINY_MANIFEST += ["--data.init_args.num_workers", "0"]
 TINY_SIMULATOR = ["--data.init_args.img_size", "32", "--data.init_args.slice_size", "64"]
 TINY_SIMULATOR += ["--data.init_args.epoch_size", "16", "--data.init_args.val_size", "8"]
 TINY_SIMULATOR += ["--data.init_args.batch_size", "8", "--data.init_args.num_workers", "0"]
-# The README's placeholder for "a checkpoint of yours": the newest run's last checkpoint.
-PLACEHOLDERS = {"CKPT": "runs/latest/checkpoints/last.ckpt"}
+# The README's placeholders: "a checkpoint of yours" (the newest run's last checkpoint), a DICOM archive and a NIfTI
+# volume (built by user_files); replaced also inside an argument, as in `[DICOM_DIR]`.
+PLACEHOLDERS = {"CKPT": "runs/latest/checkpoints/last.ckpt", "DICOM_DIR": "dicom", "VOLUME.nii.gz": "volume.nii.gz"}
 
 
 class Command(NamedTuple):
@@ -81,6 +84,8 @@ def skip_reason(command: Command) -> str | None:
     argv = command.argv
     if any(a == "--trainer.accelerator" and b == "gpu" for a, b in zip(argv, argv[1:], strict=False)):
         return GPU_ONLY
+    if "--model.pretrained" in argv:
+        return HUB
     return None
 
 
@@ -102,7 +107,9 @@ def tiny_args(argv: list[str], synthetic_set: Path) -> list[str]:
 
 def runnable(command: Command, synthetic_set: Path) -> list[str]:
     """The command as it runs here: this environment's executables, placeholders filled, tiny sizes appended."""
-    argv = [PLACEHOLDERS.get(a, a) for a in command.argv]
+    argv = [fill_placeholders(a) for a in command.argv]
+    if argv[:2] == ["vit-ct", "manifest"]:  # no model, no data module: nothing to shrink
+        return [str(VENV / "bin" / "vit-ct"), *argv[1:]]
     if argv[0] == "vit-ct":
         return [str(VENV / "bin" / "vit-ct"), *argv[1:], *tiny_args(argv, synthetic_set)]
     if argv[0] == "python":
@@ -117,10 +124,28 @@ def runnable(command: Command, synthetic_set: Path) -> list[str]:
     raise AssertionError(f"{command}: no way to run it here; give tests/test_readme.py a runner or a listed reason")
 
 
-def user_files(folder: Path) -> None:
+def fill_placeholders(argument: str) -> str:
+    for placeholder, value in PLACEHOLDERS.items():
+        argument = argument.replace(placeholder, value)
+    return argument
+
+
+def user_files(folder: Path, synthetic_set: Path) -> None:
     """What the README's commands expect beside them: configs/, my.csv (labelled, with the multi-label columns of
-    the README's example), new.csv (unlabelled) and Kaggle's RSNA layout (stage_2_train.csv, stage_2_train/)."""
+    the README's example), new.csv (unlabelled), Kaggle's RSNA layout (stage_2_train.csv, stage_2_train/), a DICOM
+    archive (dicom/: two synthetic patients' series) and a NIfTI volume (volume.nii.gz: one patient's slices)."""
+    import nibabel as nib
+    import numpy as np
     from test_rsna import phantom_hu, write_ct_dicom
+
+    from vit_ct import load_ct_slice
+
+    patients = sorted((synthetic_set.parent / "images").iterdir())[:2]
+    for patient in patients:
+        shutil.copytree(patient, folder / "dicom" / patient.name)
+    slices = [load_ct_slice(path) for path in sorted(patients[0].glob("*.dcm"))]
+    affine = np.diag([0.9, 0.9, 5.0, 1.0])  # mm per voxel, as a scanner's volume gives it
+    nib.save(nib.Nifti1Image(np.stack(slices, axis=-1).astype(np.int16), affine), folder / "volume.nii.gz")
 
     (folder / "configs").symlink_to(ROOT / "configs")
     table = pd.read_csv(write_npy_manifest(folder / "slices", train=4, val=2, test=2))
@@ -160,7 +185,7 @@ def test_every_readme_command_is_run_or_skipped_for_a_listed_reason(tmp_path):
     "block", BLOCKS, ids=[f"block{i}-{'-'.join(b[0].argv[:2]) if b else 'empty'}" for i, b in enumerate(BLOCKS, 1)]
 )
 def test_readme_block_runs(block, tmp_path, synthetic_set):
-    user_files(tmp_path)
+    user_files(tmp_path, synthetic_set)
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1"}
     env.pop("WANDB_SERVICE", None)
     ran = []

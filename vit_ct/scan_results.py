@@ -110,15 +110,17 @@ def _slice_plane(scan: Scan, plane: np.ndarray) -> np.ndarray:
     return from_display(plane, scan.affine) if scan.kind == "nifti" else plane
 
 
-def scan_volumes(scan: Scan, maps: dict[int, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+def scan_volumes(
+    scan: Scan, maps: dict[int, np.ndarray], read_options: dict | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """The CT (HU) and rollout volumes of a scan; slice ``k`` of the rollout is ``maps[k]`` (zero where the slice
-    was not predicted, air in the CT)."""
+    was not predicted, air in the CT). ``read_options``: of :func:`load_ct_slice`, as the prediction read the slices."""
     rows, cols = nib.load(scan.source).shape[:2] if scan.kind == "nifti" else scan.shape  # the voxel grid
     ct = np.full((rows, cols, len(scan.images)), AIR_HU, dtype=np.float32)
     rollout = np.zeros((rows, cols, len(scan.images)), dtype=np.float32)
     for k, (image, frame) in enumerate(zip(scan.images, scan.frames, strict=True)):
         if k in maps:
-            ct[:, :, k] = _slice_plane(scan, load_ct_slice(image, frame))
+            ct[:, :, k] = _slice_plane(scan, load_ct_slice(image, frame, **(read_options or {})))
             rollout[:, :, k] = _slice_plane(scan, maps[k])
     if np.array_equal(ct, np.round(ct)) and ct.min() >= -32768 and ct.max() <= 32767:
         ct = ct.astype(np.int16)  # whole HU, as the scanner stores them: half the size
@@ -209,7 +211,7 @@ class ScanResultsWriter(Callback):
                 continue
             group = slices[slices[key] == row["scan"]]
             maps = {int(k): np.load(self.output_dir / r) for k, r in zip(group["order"], group["rollout"], strict=True)}
-            ct, rollout = scan_volumes(scan, maps)
+            ct, rollout = scan_volumes(scan, maps, getattr(trainer.predict_dataloaders.dataset, "read_options", None))
             stem = Path("scans") / str(row["scan"])
             paths = {name: f"{stem}_{name}.nii.gz" for name in ("ct", "rollout")}
             save_nifti(ct, scan.affine, self.output_dir / paths["ct"])
