@@ -27,7 +27,7 @@ def manifest(tmp_path):
     for i in range(12):
         hu = np.full((40, 40), -1000.0, dtype=np.float32)
         hu[r < 17] = 1000.0  # skull
-        hu[r < 15] = 35.0  # brain
+        hu[r < 15] = 30.0 + i  # brain (each slice its own: identical files would be copies of one image)
         label = i % 2
         mask = (np.hypot(y - 12 - i % 3, x - 14) < 4) & (label == 1)
         hu[mask] = 75.0  # acute blood

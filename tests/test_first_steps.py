@@ -40,7 +40,7 @@ def test_default_root_dir_places_the_run_and_epochs_are_printed_without_a_termin
     elsewhere = tmp_path / "elsewhere"
     main(["fit", "--config", DEMO, *tiny_data_args(synthetic_set), *TINY_MODEL_ARGS, "--trainer.max_epochs", "2",
           "--test_after_fit", "false", "--trainer.default_root_dir", str(elsewhere)])  # fmt: skip
-    assert not (tmp_path / "runs").exists()
+    assert not (tmp_path / "runs").exists(), sorted(map(str, (tmp_path / "runs").rglob("*")))
     latest = elsewhere / "latest"
     assert latest.is_symlink() and (latest / "checkpoints" / "last.ckpt").is_file()
     assert latest.resolve().parent == elsewhere / "vit-ct"

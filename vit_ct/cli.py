@@ -285,7 +285,8 @@ def place_wandb_runs(config: Namespace) -> None:
     for logger in loggers:
         is_wandb = isinstance(logger, Namespace) and str(logger.get("class_path", "")).endswith("WandbLogger")
         if is_wandb and logger.init_args.get("save_dir") is None and logger.init_args.get("dir") is None:
-            logger.init_args.save_dir = str(config.trainer.get("default_root_dir") or "runs")
+            # absolute: W&B writes its files from another thread, which must not follow a later change of directory
+            logger.init_args.save_dir = os.path.abspath(config.trainer.get("default_root_dir") or "runs")
 
 
 def _is_given(value) -> bool:
@@ -345,29 +346,44 @@ def _cli(args: list[str] | None, run: bool) -> VitCTCLI:
     use_wandb_offline_unless_configured()
     use_usable_cpus()
     torch.set_float32_matmul_precision("high")
-    cli = VitCTCLI(
-        ViTClassifier,
-        CTSliceDataModule,
-        trainer_class=AutoPrecisionTrainer,
-        subclass_mode_data=True,
-        save_config_callback=LoggedConfigCallback,
-        save_config_kwargs={"overwrite": True, "save_to_log_dir": False},
-        seed_everything_default=0,
-        auto_configure_optimizers=False,
-        trainer_defaults={
-            # save_dir None: runs/ or --trainer.default_root_dir (place_wandb_runs)
-            "logger": lazy_instance(WandbLogger, project="vit-ct", save_dir=None),
-            "callbacks": [
-                RichProgressBar(),
-                EpochLines(),
-                ScanAUROC(),
-                LearningRateMonitor(logging_interval="epoch"),
-                RolloutOverlayCallback(),
-                BadFilesReport(),
-                ResumeState(),
-            ],
-        },
-        args=args,
-        run=run,
-    )
+    try:
+        cli = VitCTCLI(
+            ViTClassifier,
+            CTSliceDataModule,
+            trainer_class=AutoPrecisionTrainer,
+            subclass_mode_data=True,
+            save_config_callback=LoggedConfigCallback,
+            save_config_kwargs={"overwrite": True, "save_to_log_dir": False},
+            seed_everything_default=0,
+            auto_configure_optimizers=False,
+            trainer_defaults={
+                # save_dir None: runs/ or --trainer.default_root_dir (place_wandb_runs)
+                "logger": lazy_instance(WandbLogger, project="vit-ct", save_dir=None),
+                "callbacks": [
+                    RichProgressBar(),
+                    EpochLines(),
+                    ScanAUROC(),
+                    LearningRateMonitor(logging_interval="epoch"),
+                    RolloutOverlayCallback(),
+                    BadFilesReport(),
+                    ResumeState(),
+                ],
+            },
+            args=args,
+            run=run,
+        )
+    except BaseException:
+        _finish_wandb_run(exit_code=1)
+        raise
+    if run:
+        _finish_wandb_run(exit_code=0)
     return cli
+
+
+def _finish_wandb_run(exit_code: int) -> None:
+    """A command's W&B run ends with the command. Otherwise the next ``main()`` in the same Python process (a notebook,
+    a script running several commands) would log into it: Lightning's WandbLogger reuses an active run."""
+    import wandb
+
+    if wandb.run is not None:
+        wandb.finish(exit_code=exit_code)
