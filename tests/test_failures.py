@@ -271,12 +271,13 @@ def test_an_error_prints_its_message_not_a_traceback(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_run_logs_no_wandb_deprecation_noise(tmp_path):
+def test_a_run_logs_no_wandb_deprecation_noise_nor_lightnings_advertisement(tmp_path):
     manifest = write_npy_manifest(tmp_path / "data", train=2, val=2)
     args = ["fit", *manifest_args(manifest), "--trainer.max_epochs", "1"]
     run = _command(*args, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "anonymous" not in run.stdout + run.stderr
+    assert "litlogger" not in run.stdout + run.stderr  # Lightning's tip to install its cloud logger, on every run
     assert list((tmp_path / "runs" / "wandb").glob("offline-run-*"))  # W&B did run
 
 

@@ -7,6 +7,7 @@ points at the newest fit that wrote a checkpoint. An error prints its message an
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import traceback
@@ -38,6 +39,16 @@ from vit_ct.progress import EpochLines
 from vit_ct.runs import remove_run_without_checkpoint, run_dir, write_summary
 from vit_ct.scan_metrics import ScanAUROC
 from vit_ct.trainer import Trainer as AutoPrecisionTrainer
+
+
+class _NoAdvertisement(logging.Filter):
+    """Lightning prints a tip to install its own cloud logger on every run that does not use it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "litlogger" not in record.getMessage()
+
+
+logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_NoAdvertisement())
 
 
 def use_wandb_offline_unless_configured() -> None:
