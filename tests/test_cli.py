@@ -146,7 +146,8 @@ def test_fit_then_predict_through_the_real_command(synthetic_set, tmp_path):
     out = tmp_path / "predictions"
     predict = ["--ckpt_path", str(best), "--data.init_args.predict_split", "test", "--output_dir", str(out)]
     # fp32 here (the demo trains in bf16), so that the reference below can match to 1e-5
-    _vit_ct("predict", *common, *predict, "--trainer.precision", "32-true", cwd=tmp_path)
+    run = _vit_ct("predict", *common, *predict, "--trainer.precision", "32-true", cwd=tmp_path)
+    assert "dirpath has changed" not in run.stdout + run.stderr  # predict restores no checkpoint callback
     table = pd.read_csv(out / "predictions.csv")
     data = CTSliceDataModule(
         str(synthetic_set), img_size=32, windows=yaml.safe_load(Path(DEMO).read_text())["data"]["init_args"]["windows"]

@@ -18,7 +18,7 @@ import yaml
 from jsonargparse import Namespace, lazy_instance
 from lightning.fabric.plugins.io import CheckpointIO, TorchCheckpointIO
 from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar, RichProgressBar
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ProgressBar, RichProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
@@ -230,6 +230,8 @@ class VitCTCLI(LightningCLI):
         # before reading any slice: a non-empty OUT is refused at once
         writer = PredictionWriter(config["output_dir"], overwrite=bool(config.get("overwrite")), inputs=inputs)
         self._check_data("predict")
+        # predict writes no checkpoints: without the callback, restoring its state cannot warn about its folder
+        self.trainer.callbacks = [c for c in self.trainer.callbacks if not isinstance(c, ModelCheckpoint)]
         self.trainer.callbacks.append(writer)
         self.trainer.callbacks.append(ScanResultsWriter(writer))  # runs after it: reads its predictions.csv
 
