@@ -18,8 +18,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import itertools
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -83,11 +85,6 @@ class PipelineTimer(Callback):
         if batch_idx >= self.warmup:
             self.computes.append(self.ends[-1] - self._start)
 
-    @property
-    def seconds(self) -> float:
-        """Wall time of the timed steps, each with its own wait for data."""
-        return self.ends[-1] - self.ends[self.warmup - 1]
-
 
 @contextlib.contextmanager
 def working_directory(folder: str):
@@ -104,7 +101,8 @@ def demo_pipeline(args: argparse.Namespace, precision: str) -> dict[str, float]:
     """``vit-ct fit --config configs/demo.yaml`` as the command builds it (data module, model, trainer with its progress
     bar, W&B logger offline and callbacks; no validation) vs a plain loop over the same first batches, un-augmented and
     already in memory, with a copy of the same model, its losses and the same optimizer. The plain loop runs before
-    and after the fit (whichever runs first pays some one-time costs); the faster of the two is the reference."""
+    and after the fit (whichever runs first pays some one-time costs); the faster of the two is the reference. Both
+    at their median step time: a shared machine's slow moments and an epoch's end do not count as steps."""
     steps = args.warmup + args.steps
     with tempfile.TemporaryDirectory() as folder, working_directory(folder):
         os.environ.setdefault("WANDB_MODE", "offline")
@@ -115,14 +113,16 @@ def demo_pipeline(args: argparse.Namespace, precision: str) -> dict[str, float]:
         )  # fmt: skip
         data, model = cli.datamodule, cli.model
         data.setup("fit")
-        loader = iter(data.train_dataloader())
-        batches = [next(loader) for _ in range(steps)]  # the data module's batches, as the loader gives them
+        batches = []  # the data module's batches, as the loader gives them (epoch after epoch)
+        while len(batches) < steps:
+            batches += itertools.islice(data.train_dataloader(), steps - len(batches))
         before = plain_demo_loop(copy.deepcopy(model), batches, args.warmup, precision)
         timer = PipelineTimer(args.warmup)
         cli.trainer.callbacks.append(timer)
         cli.trainer.fit(model, datamodule=data)
         after = plain_demo_loop(copy.deepcopy(model), batches, args.warmup, precision)
-    fit = data.batch_size * args.steps / timer.seconds
+    # per step, as the plain loop: the median of wait + compute (an epoch's end, with its checkpoint, is not a step)
+    fit = data.batch_size / statistics.median(w + c for w, c in zip(timer.waits, timer.computes, strict=True))
     waits, computes = sum(timer.waits) / args.steps, sum(timer.computes) / args.steps
 
     generator = torch.Generator().manual_seed(0)
@@ -137,19 +137,21 @@ def demo_pipeline(args: argparse.Namespace, precision: str) -> dict[str, float]:
 
 
 def plain_demo_loop(model: ViTClassifier, batches: list[dict], warmup: int, precision: str) -> float:
-    """Images/s of a hand-written loop over ready batches: the model's own losses, AdamW over its parameter groups."""
+    """Images/s (at the median step time) of a hand-written loop over ready batches: the model's own losses, AdamW
+    over its parameter groups."""
     model.train()
     optimizer = torch.optim.AdamW(model._param_groups(), lr=model.hparams.lr)
     autocast = torch.autocast("cpu", dtype=torch.bfloat16) if precision.startswith("bf16") else contextlib.nullcontext()
-    for i, batch in enumerate(batches):
-        if i == warmup:
-            start = time.perf_counter()
+    steps = []
+    for batch in batches:
+        start = time.perf_counter()
         with autocast:
             loss = model._losses(batch)[0]
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-    return sum(len(b["label"]) for b in batches[warmup:]) / (time.perf_counter() - start)
+        steps.append(time.perf_counter() - start)
+    return len(batches[0]["label"]) / statistics.median(steps[warmup:])
 
 
 def lightning_throughput(model: ViTClassifier, batches: list[dict], warmup: int, **trainer_kwargs) -> float:
