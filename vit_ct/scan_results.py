@@ -16,6 +16,7 @@ from lightning.pytorch.callbacks import Callback
 from torchmetrics.functional.classification import binary_auroc
 
 from vit_ct.data.filecheck import atomic_write
+from vit_ct.data.manifest import frame_number
 from vit_ct.data.reader import from_display, load_ct_slice
 from vit_ct.data.scans import Scan, find_scans, nifti_scan
 from vit_ct.data.windows import AIR_HU
@@ -139,11 +140,6 @@ def group_scan(images: list[str]) -> Scan | None:
     return scans[0] if len(scans) == 1 else None
 
 
-def _frame(value) -> int | None:
-    """A frame number as the scan lists it: None for a single-frame file (pandas holds it as NaN or <NA>)."""
-    return None if value is None or pd.isna(value) else int(value)
-
-
 class ScanResultsWriter(Callback):
     """After :class:`vit_ct.prediction.PredictionWriter` has written ``predictions.csv``: ``scans.csv`` and, per scan
     with a known geometry, ``scans/<scan>_ct.nii.gz``, ``scans/<scan>_rollout.nii.gz`` and a three-view PNG
@@ -196,8 +192,8 @@ class ScanResultsWriter(Callback):
             scan = known.get(scan_id) or group_scan(list(group["path"]))
             order = [None]
             if scan is not None:  # each slice's index along the scan
-                where = {(p, _frame(f)): k for k, (p, f) in enumerate(zip(scan.images, scan.frames, strict=True))}
-                order = [where.get((p, _frame(f))) for p, f in zip(group["path"], group["frame"], strict=True)]
+                where = {(p, frame_number(f)): k for k, (p, f) in enumerate(zip(scan.images, scan.frames, strict=True))}
+                order = [where.get((p, frame_number(f))) for p, f in zip(group["path"], group["frame"], strict=True)]
             if None in order:
                 slices.loc[group.index, "order"] = range(len(group))  # manifest order; no volume
                 continue

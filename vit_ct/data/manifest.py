@@ -36,7 +36,11 @@ __all__ = [
 
 def manifest_frame(row: pd.Series) -> int | None:
     """The row's ``slice`` (frame of a multi-frame DICOM, index along the last axis of a volume), None if empty."""
-    value = row.get("slice")
+    return frame_number(row.get("slice"))
+
+
+def frame_number(value) -> int | None:
+    """A frame number as a table holds it: None for a single-frame file (pandas holds an empty one as NaN or <NA>)."""
     return None if value is None or pd.isna(value) else int(value)
 
 
