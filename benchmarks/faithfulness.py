@@ -18,6 +18,7 @@ import torch.nn.functional as F
 import yaml
 from pytorch_grad_cam import GradCAM
 from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
+from torch import nn
 from torch.utils.data import DataLoader
 
 from vit_ct.data.datamodule import CTSliceDataModule, CTSliceDataset
@@ -27,7 +28,7 @@ from vit_ct.explain.localisation import LocalisationMetrics, localisation_maps, 
 from vit_ct.explain.maps import explain_gradient_rollout
 from vit_ct.explain.rollout import last_block_attention
 from vit_ct.hardware import describe_machine
-from vit_ct.model import ViTClassifier
+from vit_ct.model import ViTClassifier, attention_keys
 
 # Deletion fills with normal brain: grey/white matter average ~30 HU, below fresh blood (50-90 HU), so a deleted patch
 # loses exactly the hyperdensity that marks a bleed and gains no new structure. Only head pixels are filled (air stays
@@ -124,6 +125,21 @@ class _GridGradCAM(GradCAM):
         return self.grid[1], self.grid[0]
 
 
+class _EveryToken(nn.Module):
+    """The model's function with every token through every block (air masked as keys where the model masks it, so
+    the same logits): the block outputs then lie on the full patch grid, where Grad-CAM reads them (the model itself
+    lets air patches skip the blocks)."""
+
+    def __init__(self, model: ViTClassifier) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        vit, hparams = self.model.vit, self.model.hparams
+        keys = attention_keys(images, hparams.patch_size, vit.num_prefix_tokens) if hparams.get("mask_air") else None
+        return vit.forward_head(vit.forward_features(images, attn_mask=keys))
+
+
 def grad_cam(model: ViTClassifier, images: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
     """Grad-CAM of the lesion logit at the last block's ``norm1`` (the package's ViT recipe), ``(B, gh, gw)``."""
     prefix = model.vit.num_prefix_tokens
@@ -131,7 +147,8 @@ def grad_cam(model: ViTClassifier, images: torch.Tensor, grid: tuple[int, int]) 
     def to_grid(tokens: torch.Tensor) -> torch.Tensor:  # (B, T, D) -> (B, D, gh, gw), prefix tokens dropped
         return tokens[:, prefix:].reshape(tokens.shape[0], *grid, tokens.shape[-1]).permute(0, 3, 1, 2)
 
-    with _GridGradCAM(model=model, target_layers=[model.vit.blocks[-1].norm1], reshape_transform=to_grid) as cam:
+    layer = model.vit.blocks[-1].norm1
+    with _GridGradCAM(model=_EveryToken(model), target_layers=[layer], reshape_transform=to_grid) as cam:
         cam.grid = grid
         maps = cam(input_tensor=images, targets=[ClassifierOutputTarget(1)] * len(images))  # (B, gh, gw), in [0, 1]
     model.zero_grad(set_to_none=True)  # the package backpropagates into the parameters

@@ -67,3 +67,16 @@ def test_benchmark_runs_end_to_end(fb, synthetic_set, tmp_path):
     rows = [line for line in report.splitlines() if line.startswith("| ") and "method" not in line]
     assert [r.split(" | ")[0][2:] for r in rows] == list(fb.METHODS)
     assert all(r.rstrip(" |").endswith("| 3") for r in rows)  # every method scored on the same 3 slices
+
+
+def test_grad_cam_reads_the_full_patch_grid_of_a_model_that_skips_air(fb):
+    """The model lets air patches skip its blocks; Grad-CAM runs the same function with every token in the blocks,
+    so it gets the same logits and a map on the whole grid."""
+    model = ViTClassifier(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, in_chans=2).eval()
+    images = torch.zeros(2, 2, 32, 32)
+    images[0, :, 8:, 8:24] = 0.5
+    images[1, :, 16:24, 8:16] = 0.5  # one content patch: the batch runs padded, air masked
+    with torch.no_grad():
+        torch.testing.assert_close(fb._EveryToken(model)(images), model(images))
+    maps = fb.grad_cam(model, images, (4, 4))
+    assert maps.shape == (2, 4, 4) and torch.isfinite(maps).all()  # it failed on the shorter sequence before

@@ -7,8 +7,8 @@ import lightning
 import pytest
 import torch
 
-from vit_ct.explain.attention import record_attention
-from vit_ct.explain.maps import explain_forward
+from vit_ct.explain.attention import from_full_sequence, record_attention, to_full_sequence
+from vit_ct.explain.maps import explain_forward, explain_gradient_rollout
 from vit_ct.explain.rollout import attention_rollout, class_token_rollout
 from vit_ct.explain.sink import SinkMetrics, air_patches, class_token_shares, mass_share, patch_level_floor
 from vit_ct.model import ViTClassifier, attention_keys
@@ -43,10 +43,14 @@ def test_air_patches_get_no_attention_and_no_rollout():
     image = head_slice()
     with torch.no_grad(), record_attention(model) as attentions:
         model(image)
+    air = torch.cat([torch.zeros(3, dtype=torch.bool), AIR.flatten()])  # of the 19 tokens
     for a in attentions:  # (B, heads, T, T), T = 1 + 2 registers + 16 patches
         torch.testing.assert_close(a.sum(-1), torch.ones(2, 2, 19))
-        assert (a[..., 3:][..., AIR.flatten()] == 0).all()  # no token attends to an air patch
-        assert (a[..., 3:][..., ~AIR.flatten()] > 0).all()
+        assert (a[:, :, ~air][..., air] == 0).all()  # no token attends to an air patch
+        assert (a[:, :, ~air][..., ~air] > 0).all()
+        # an air patch skips the blocks: its row is its own, an identity row
+        torch.testing.assert_close(a[:, :, air][..., air], torch.eye(int(air.sum())).expand(2, 2, -1, -1))
+        assert (a[:, :, air][..., ~air] == 0).all()
     explained = explain_forward(model, lambda: model(image), image.shape)
     assert (explained.rollout[:, AIR] == 0).all() and (explained.rollout[:, ~AIR] > 0).all()
     torch.testing.assert_close(explained.class_attention.sum(-1), torch.ones(2, 2))
@@ -67,13 +71,89 @@ def test_logits_do_not_depend_on_anything_at_air_patches():
         assert torch.allclose(before, after, atol=1e-6) is unchanged
 
 
-def test_masked_forward_equals_timm_masked_forward_with_and_without_checkpointing():
-    model = ViTClassifier(**TINY, in_chans=2, mask_air=True)
+def uneven_air():
+    """Two slices with different air: the second has a single content patch, so the blocks run it padded with
+    air tokens that are masked as keys."""
     image = head_slice()
+    image[1] = 0
+    image[1, :, 16:24, 8:16] = 0.5
+    return image
+
+
+def test_skipping_air_equals_timm_masked_forward_for_every_token_that_is_a_key():
+    """Air patches skip the blocks: the class token and every content patch come out as in timm's forward with air
+    masked as keys (where the air tokens do run, as queries nobody reads), and so do the logits."""
+    model = ViTClassifier(**TINY, in_chans=2, reg_tokens=1).eval()
+    image = uneven_air()
     keys = attention_keys(image, 8, model.vit.num_prefix_tokens)
-    model.eval()
+    assert keys.sum(-1).flatten().tolist() == [2 + 6, 2 + 1]
     with torch.no_grad():
-        torch.testing.assert_close(model.forward_features(image), model.vit.forward_features(image, attn_mask=keys))
+        skipped, masked = model.forward_features(image), model.vit.forward_features(image, attn_mask=keys)
+        torch.testing.assert_close(skipped[keys[:, 0, 0]], masked[keys[:, 0, 0]])
+        torch.testing.assert_close(model(image), model.vit.forward_head(masked))
+    # the attention recorded from the shorter sequence is timm's full one on every row of a key token
+    with torch.no_grad(), record_attention(model) as ours:
+        model(image)
+    with torch.no_grad(), record_attention(model.vit) as timms:
+        model.vit.forward_features(image, attn_mask=keys)
+    for a, b in zip(ours, timms, strict=True):
+        rows = keys[:, 0, 0]  # (B, T)
+        torch.testing.assert_close(
+            a[rows.nonzero(as_tuple=True)[0], :, rows.nonzero(as_tuple=True)[1]],
+            b[rows.nonzero(as_tuple=True)[0], :, rows.nonzero(as_tuple=True)[1]],
+        )
+        torch.testing.assert_close(a.sum(-1), torch.ones_like(a.sum(-1)))
+
+
+def test_gradient_rollout_and_the_attention_loss_see_through_skipped_air():
+    """Gradients taken at the recorded (full-sequence) attention are the model's: gradient rollout equals that of
+    timm's masked forward, and the attention loss trains the blocks."""
+    model = ViTClassifier(**TINY, in_chans=2).eval()
+    image = uneven_air()
+    keys = attention_keys(image, 8, model.vit.num_prefix_tokens)
+
+    class Masked(torch.nn.Module):  # timm's own masked forward, every token through every block
+        def __init__(self, vit):
+            super().__init__()
+            self.vit = vit
+
+        def forward(self, x):
+            return self.vit.forward_head(self.vit.forward_features(x, attn_mask=keys))
+
+    torch.testing.assert_close(
+        explain_gradient_rollout(model, image, target=1), explain_gradient_rollout(Masked(model.vit), image, target=1)
+    )
+    model.train()
+    batch = {
+        "image": image,
+        "label": torch.tensor([1, 1]),
+        "mask": torch.zeros(2, 1, 32, 32),
+        "has_mask": torch.tensor([True, True]),
+    }
+    batch["mask"][:, :, 16:24, 8:16] = 1
+    _, _, parts = model._losses(batch)
+    assert parts["attention_loss"] > 0
+    model._losses(batch)[0].backward()
+    assert model.vit.blocks[0].attn.qkv.weight.grad.abs().sum() > 0
+
+
+def test_attention_on_a_token_subset_goes_to_the_full_sequence_by_hand():
+    # tokens 0..3; the blocks ran tokens 0 and 2 (in that order): their 2 x 2 attention lands on rows and columns 0
+    # and 2, tokens 1 and 3 get identity rows and zero columns
+    a = torch.tensor([[0.25, 0.75], [0.6, 0.4]])[None, None]
+    full = to_full_sequence(a, torch.tensor([[0, 2]]), 4)
+    expected = torch.tensor([[0.25, 0, 0.75, 0], [0, 1, 0, 0], [0.6, 0, 0.4, 0], [0, 0, 0, 1]])
+    torch.testing.assert_close(full, expected[None, None])
+    torch.testing.assert_close(from_full_sequence(full, torch.tensor([[0, 2]])), a)
+    # another order: the blocks ran tokens 3 and 0
+    full = to_full_sequence(a, torch.tensor([[3, 0]]), 4)
+    expected = torch.tensor([[0.4, 0, 0, 0.6], [0, 1, 0, 0], [0, 0, 1, 0], [0.75, 0, 0, 0.25]])
+    torch.testing.assert_close(full, expected[None, None])
+
+
+def test_masked_forward_with_and_without_checkpointing():
+    model = ViTClassifier(**TINY, in_chans=2, mask_air=True)
+    image = uneven_air()
     model.train()
     plain = model(image).sum()
     grads = torch.autograd.grad(plain, model.vit.pos_embed)[0]

@@ -51,6 +51,52 @@ def _vision_transformer(model: nn.Module) -> nn.Module:
     raise ValueError(f"{type(model).__name__} holds no timm VisionTransformer (a module with patch_embed)")
 
 
+# A model that runs only some of its tokens through the blocks (vit-ct drops patches that hold only air) sets this
+# attribute on its VisionTransformer for the length of the forward pass: see `running_tokens`.
+RUNNING_TOKENS = "vit_ct_running_tokens"
+
+
+@contextlib.contextmanager
+def running_tokens(vit: nn.Module, index: torch.Tensor, total: int) -> Iterator[None]:
+    """Declares, for the forward pass inside the context, that the blocks of ``vit`` run a subset of its tokens.
+
+    ``record_attention`` then records every block's attention on the full sequence, as if the left-out tokens had
+    been there as queries and keys: their rows are identity rows (a token that skips the blocks keeps its own value)
+    and their columns are 0 (nothing attends to them). Rows still sum to 1, and rollout, sink measures and maps stay
+    on the full patch grid.
+
+    Args:
+        vit: the timm `VisionTransformer` whose blocks run the subset.
+        index: ``(B, T')`` long, the position in the full sequence of each token the blocks run, distinct per row.
+        total: ``T``, the length of the full sequence (prefix and patch tokens).
+    """
+    setattr(vit, RUNNING_TOKENS, (index, total))
+    try:
+        yield
+    finally:
+        delattr(vit, RUNNING_TOKENS)
+
+
+def to_full_sequence(attention: torch.Tensor, index: torch.Tensor, total: int) -> torch.Tensor:
+    """``(B, H, T', T')`` attention among the tokens at ``index`` -> ``(B, H, T, T)`` on the full sequence: identity
+    rows for the tokens left out, zero columns for them (differentiable; see :func:`running_tokens`)."""
+    B, H, kept, _ = attention.shape
+    cols = attention.new_zeros(B, H, kept, total).scatter(
+        3, index[:, None, None, :].expand(B, H, kept, kept), attention
+    )
+    left_out = torch.ones(B, total, dtype=torch.bool, device=index.device).scatter(1, index, False)
+    full = torch.diag_embed(left_out.to(attention.dtype))[:, None].expand(B, H, total, total)
+    return full.scatter(2, index[:, None, :, None].expand(B, H, kept, total), cols)
+
+
+def from_full_sequence(full: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """The inverse of :func:`to_full_sequence`: the rows and columns of the tokens at ``index``."""
+    B, H, total, _ = full.shape
+    kept = index.shape[1]
+    rows = full.gather(2, index[:, None, :, None].expand(B, H, kept, total))
+    return rows.gather(3, index[:, None, None, :].expand(B, H, kept, kept))
+
+
 def num_prefix_tokens(model: nn.Module) -> int:
     """Number of class and register tokens in front of the patch tokens.
 
@@ -109,17 +155,28 @@ def record_attention(
     if head_fusion is not None and head_fusion not in HEAD_FUSIONS:
         raise ValueError(f"head_fusion must be None or one of {HEAD_FUSIONS}, got {head_fusion!r}")
     modules = attention_modules(model)
+    vit = _vision_transformer(model)
     attentions: list[torch.Tensor] = []
 
-    def store(dropout: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+    def store(dropout: nn.Module, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...] | None:
         attention = args[0]  # (B, heads, T, T), rows sum to 1
+        replaced = None
+        subset = getattr(vit, RUNNING_TOKENS, None)  # the blocks run some tokens only: record on the full sequence
+        gradients_at_it = keep_graph and head_fusion is None  # e.g. gradient rollout: autograd.grad at the record
+        if subset is not None and gradients_at_it:
+            attention = to_full_sequence(attention, *subset)
+            # the block goes on from the full tensor (the same values), so gradients taken at it are the model's
+            replaced = (from_full_sequence(attention, subset[0]), *args[1:])
         if not keep_graph:
             attention = attention.detach()
         if head_fusion is not None:
             attention = fuse_heads(attention, head_fusion)  # (B, 1, T, T)
+        if subset is not None and not gradients_at_it:  # fused first: heads times less to expand
+            attention = to_full_sequence(attention, *subset)
         if keep_graph and attention.requires_grad:
             attention.retain_grad()
         attentions.append(attention)
+        return replaced
 
     previous = [m.fused_attn for m in modules]
     handles = []
