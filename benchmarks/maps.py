@@ -52,7 +52,7 @@ TEST_COLUMNS = [
 ]
 DELETION_METHODS = ("rollout", "last-block attention", "gradient rollout", "Grad-CAM", "random", "floor: image")
 
-USAGE = """example (the README's table; about 10 min per training on 2 CPU cores without native bf16):
+USAGE = """example (the README's table; about 7 min per training on 2 CPU cores without native bf16):
   .venv/bin/python benchmarks/maps.py --out maps.md --first-seed-only "air masked" "air masked + 4 registers" \\
       "air masked + class-token attention loss"
 

@@ -69,17 +69,17 @@ class Row:
     model: str  # "vit" or "resnet18"
     img_size: int
     pretrained: bool = False
-    patch_loss: bool = False  # train on the lesion masks too (the ViT's patch head)
+    masks: bool = False  # train on the lesion masks too (the ViT's patch head and attention loss)
     train: bool = True  # False: score the (pretrained) weights as they are
 
 
 ROWS = {
     "resnet18": Row("ResNet-18, scratch", "resnet18", 128),
     "vit": Row("ViT, scratch", "vit", 128),
-    "vit-masks": Row("ViT, scratch + masks", "vit", 128, patch_loss=True),
+    "vit-masks": Row("ViT, scratch + masks", "vit", 128, masks=True),
     "vit-pre": Row("ViT, pretrained, not fine-tuned", "vit", 128, pretrained=True, train=False),
     "vit-ft": Row("ViT, fine-tuned", "vit", 128, pretrained=True),
-    "vit-ft-masks": Row("ViT, fine-tuned + masks", "vit", 128, pretrained=True, patch_loss=True),
+    "vit-ft-masks": Row("ViT, fine-tuned + masks", "vit", 128, pretrained=True, masks=True),
     "vit-256": Row("ViT, scratch", "vit", 256),
     "vit-ft-256": Row("ViT, fine-tuned", "vit", 256, pretrained=True),
     "resnet18-256": Row("ResNet-18, scratch", "resnet18", 256),
@@ -89,8 +89,9 @@ USAGE = """example (the README's table; ~35 min on 2 CPU cores):
   .venv/bin/python benchmarks/small_data.py --pretrained runs/vit-ct/<id>/checkpoints/last.ckpt --out small_data.md
 
 Rows (--rows): resnet18, vit, vit-masks, vit-pre (the pretrained weights scored as they are), vit-ft, vit-ft-masks
-(+ masks: the ViT's patch loss on the lesion masks, which a user's set may not have), and -256 variants at 256 x 256
-(the held-out set's native size). Pretrained rows need --pretrained (a vit-ct checkpoint of configs/pretrain.yaml).
+(+ masks: the ViT's patch and attention losses on the lesion masks, which a user's set may not have), and -256
+variants at 256 x 256 (the held-out set's native size). Pretrained rows need --pretrained (a vit-ct checkpoint, e.g.
+of configs/pretrain.yaml).
 Every row trains --epochs epochs on the same train split (bf16 autocast where the CPU has native bf16, else fp32;
 batch 16, flips/rotations/scaling/noise), from the same seed, and is scored with its final weights (no checkpoint
 picked on the small validation split).
@@ -147,7 +148,8 @@ def build_model(row: Row, pretrained: Path | None) -> L.LightningModule:
         depth=6,
         img_size=row.img_size,
         in_chans=len(WINDOWS),
-        patch_loss_weight=1.0 if row.patch_loss else 0.0,
+        patch_loss_weight=1.0 if row.masks else 0.0,
+        attention_loss_weight=1.0 if row.masks else 0.0,  # a row without masks must not learn from them
         drop_path_rate=0.1,
         weights=str(pretrained) if row.pretrained else None,
         **recipe,
