@@ -37,6 +37,15 @@ def write_npy_manifest(folder: Path, *, train: int, val: int, test: int = 2, siz
     return manifest
 
 
+# The command's own checkpoint rule (the demo config keeps the final weights instead), for tests of that rule
+BEST_BY_VAL_AUROC = [
+    "--checkpoint.monitor",
+    "val/auroc",
+    "--checkpoint.filename",
+    "best-epoch{epoch:02d}-auroc{val/auroc:.4f}",
+]
+
+
 def manifest_args(manifest: Path, *, batch_size: int = 2) -> list[str]:
     """CLI arguments: the demo model shrunk to a 2-block ViT at 32 x 32 on this manifest, no workers, no test."""
     return [

@@ -133,7 +133,7 @@ def test_two_process_fit_and_validate(tmp_path):
     checkpoints = sorted(p.name for p in (runs[0] / "checkpoints").iterdir())
     assert len(checkpoints) == 2 and "last.ckpt" in checkpoints, checkpoints
     assert len(list((tmp_path / "runs" / "wandb").glob("offline-run-*"))) == 1
-    best = next(p for p in (runs[0] / "checkpoints").iterdir() if p.name.startswith("best"))
+    best = next(p for p in (runs[0] / "checkpoints").iterdir() if p.name != "last.ckpt")  # the one the run keeps
 
     # The same checkpoint validated by 2 processes equals sklearn on single-process predictions.
     _vit_ct("validate", *common, *ddp, *probe, "--trainer.logger", "false", "--ckpt_path", str(best), cwd=tmp_path)

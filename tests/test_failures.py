@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 import torch
 from lightning.pytorch import Callback
-from npy_manifest import manifest_args, write_npy_manifest
+from npy_manifest import BEST_BY_VAL_AUROC, manifest_args, write_npy_manifest
 from sklearn.metrics import roc_auc_score
 
 from vit_ct import ViTClassifier, metrics
@@ -162,7 +162,15 @@ def _fit(manifest: Path, root: Path, *extra: str) -> None:
 def test_test_after_fit_without_validation_tests_the_last_checkpoint(tmp_path, caplog):
     manifest = write_npy_manifest(tmp_path / "data", train=4, val=2)
     with caplog.at_level(logging.INFO):
-        _fit(manifest, tmp_path / "run", "--test_after_fit", "true", "--trainer.limit_val_batches", "0")
+        _fit(
+            manifest,
+            tmp_path / "run",
+            "--test_after_fit",
+            "true",
+            "--trainer.limit_val_batches",
+            "0",
+            *BEST_BY_VAL_AUROC,
+        )
     assert "testing the last checkpoint" in caplog.text and "last.ckpt" in caplog.text
     assert "test/auroc" in json.loads((tmp_path / "run" / "summary.json").read_text())["metrics"]
 
@@ -180,7 +188,7 @@ def test_one_class_validation_logs_nan_auroc_and_chooses_no_best_checkpoint(tmp_
     monkeypatch.setitem(metrics._warned, "undefined", False)  # as in a fresh process
     manifest = write_npy_manifest(tmp_path / "data", train=4, val=1)  # the one validation slice has no bleed
     cli = main(["fit", *manifest_args(manifest), *NO_LOGGER, "--trainer.default_root_dir", str(tmp_path / "run"),
-                "--trainer.max_epochs", "2"])  # fmt: skip
+                "--trainer.max_epochs", "2", *BEST_BY_VAL_AUROC])  # fmt: skip
     assert torch.isnan(cli.trainer.callback_metrics["val/auroc"])
     checkpoints = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
     assert checkpoints == ["last.ckpt"]  # no "best-...-aurocnan.ckpt" (before: best-epoch00-auroc0.0000.ckpt)
