@@ -22,20 +22,10 @@ import yaml
 
 from vit_ct import SyntheticCTDataModule
 from vit_ct.hardware import auto_precision, describe_machine
-from vit_ct.model import ViTClassifier, attention_keys
+from vit_ct.model import ViTClassifier, attention_keys, every_token_features
 
 DEMO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
 DEMO_DATA = Path("data/synthetic")  # where `make demo` builds the set (built here if it is not)
-
-
-def run_every_token(model: ViTClassifier):
-    """``forward_features`` as it was: air masked as keys, every token through every block."""
-
-    def forward_features(image: torch.Tensor, *, checkpoint_blocks: bool = True) -> torch.Tensor:
-        keys = attention_keys(image, model.hparams.patch_size, model.vit.num_prefix_tokens)
-        return model.vit.forward_features(image, attn_mask=keys)
-
-    return forward_features
 
 
 def batches_of(size: int, steps: int) -> list[dict]:
@@ -86,11 +76,13 @@ def main(argv: list[str] | None = None) -> None:
         skipped = ViTClassifier(img_size=size, in_chans=2)
         every = ViTClassifier(img_size=size, in_chans=2)
         every.load_state_dict(skipped.state_dict())
-        every.forward_features = run_every_token(every)
+        # forward_features as it was: air masked as keys, every token through every block
+        every.forward_features = lambda image, checkpoint_blocks=True, model=every: every_token_features(model, image)
         with torch.no_grad():
             skipped.eval(), every.eval()
             difference = max((skipped(b["image"]) - every(b["image"])).abs().max().item() for b in batches[:2])
-        keys = [attention_keys(b["image"], 16, 1)[:, 0, 0] for b in batches]
+        patch, prefix = skipped.hparams.patch_size, skipped.vit.num_prefix_tokens
+        keys = [attention_keys(b["image"], patch, prefix)[:, 0, 0] for b in batches]
         run = statistics.mean(k.sum(1).max().item() / k.shape[1] for k in keys)  # tokens the blocks run, per batch
         head = statistics.mean(k.float().mean().item() for k in keys)  # tokens that are keys, per slice
         # alternate the two, so that a slow moment of the machine does not fall on one of them only

@@ -28,7 +28,7 @@ from vit_ct.explain.localisation import LocalisationMetrics, localisation_maps, 
 from vit_ct.explain.maps import explain_gradient_rollout
 from vit_ct.explain.rollout import last_block_attention
 from vit_ct.hardware import describe_machine
-from vit_ct.model import ViTClassifier, attention_keys
+from vit_ct.model import ViTClassifier, every_token_features
 
 # Deletion fills with normal brain: grey/white matter average ~30 HU, below fresh blood (50-90 HU), so a deleted patch
 # loses exactly the hyperdensity that marks a bleed and gains no new structure. Only head pixels are filled (air stays
@@ -135,9 +135,7 @@ class _EveryToken(nn.Module):
         self.model = model
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        vit, hparams = self.model.vit, self.model.hparams
-        keys = attention_keys(images, hparams.patch_size, vit.num_prefix_tokens) if hparams.get("mask_air") else None
-        return vit.forward_head(vit.forward_features(images, attn_mask=keys))
+        return self.model.vit.forward_head(every_token_features(self.model, images))
 
 
 def grad_cam(model: ViTClassifier, images: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:

@@ -11,7 +11,7 @@ from vit_ct.explain.attention import from_full_sequence, record_attention, to_fu
 from vit_ct.explain.maps import explain_forward, explain_gradient_rollout
 from vit_ct.explain.rollout import attention_rollout, class_token_rollout
 from vit_ct.explain.sink import SinkMetrics, air_patches, class_token_shares, mass_share, patch_level_floor
-from vit_ct.model import ViTClassifier, attention_keys
+from vit_ct.model import ViTClassifier, attention_keys, every_token_features
 from vit_ct.summary import report
 
 TINY = {"img_size": 32, "patch_size": 8, "embed_dim": 32, "depth": 2, "num_heads": 2, "drop_path_rate": 0.0}
@@ -304,3 +304,15 @@ def test_demo_report_states_the_sink_beside_its_floor(tmp_path):
     text = report(tmp_path, {"metrics": metrics})
     assert "rollout on air patches 0.0%; outside the head 16.5% (a perfect patch-level map: 13.1%)" in text
     assert "attention sink" not in report(tmp_path, {"metrics": {"test/auroc": 0.9}})
+
+
+def test_every_token_features_runs_every_token_through_the_blocks_at_the_same_logits():
+    """The reference the skipping is timed against (benchmarks/air_tokens.py) and Grad-CAM reads: air masked as keys,
+    but air tokens run through the blocks, with real attention rows."""
+    model = ViTClassifier(**TINY, in_chans=2).eval()
+    image = head_slice()
+    with torch.no_grad(), record_attention(model, head_fusion="mean") as attentions:
+        logits = model.vit.forward_head(every_token_features(model, image))
+    torch.testing.assert_close(logits, model(image).detach())
+    rows = attentions[0][0, 0, 1:][AIR.flatten()]  # the air tokens' own rows: real attention, not identity rows
+    assert (rows[:, 1:][:, ~AIR.flatten()] > 0).all()

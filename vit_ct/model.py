@@ -251,11 +251,8 @@ class ViTClassifier(L.LightningModule):
         plainly even with gradient checkpointing on (attention recorded in the graph would be recorded again when a
         checkpointed block is recomputed in the backward pass)."""
         vit = self.vit
-        mask_air = self.hparams.get("mask_air", False)
-        if not mask_air and checkpoint_blocks:
-            return vit.forward_features(image)
         tokens = vit.norm_pre(vit.patch_drop(vit._pos_embed(vit.patch_embed(image))))  # (B, T, D)
-        if not mask_air:
+        if not self.hparams.get("mask_air", False):
             return vit.norm(self._run_blocks(tokens, None, checkpoint_blocks))
         keys = attention_keys(image, self.hparams.patch_size, vit.num_prefix_tokens)[:, 0, 0]  # (B, T)
         # Air patches are keys of no token, so nothing they compute reaches another token: they skip the blocks.
@@ -488,6 +485,16 @@ class ViTClassifier(L.LightningModule):
         if self.patch_head is not None:
             groups.append({"params": list(self.patch_head.parameters()), "weight_decay": 0.0})
         return groups
+
+
+def every_token_features(model: ViTClassifier, image: torch.Tensor) -> torch.Tensor:
+    """``model.forward_features`` as timm computes it, every token through every block: air patches (where the model
+    masks them) are masked as keys instead of skipping the blocks. The same class token and logits; the block outputs
+    lie on the full patch grid (what Grad-CAM reads), and it is the reference the skipping is tested and timed against.
+    """
+    vit, hparams = model.vit, model.hparams
+    keys = attention_keys(image, hparams.patch_size, vit.num_prefix_tokens) if hparams.get("mask_air") else None
+    return vit.forward_features(image, attn_mask=keys)
 
 
 # Windowed input at or below this is "nothing here": every window maps air (-1000 HU) to exactly 0.
