@@ -32,3 +32,22 @@ class PauseAtBatch(Callback):
 
     def on_predict_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
         self._pause(batch_idx)
+
+
+class RecordThreads(Callback):
+    """At the start of training, writes ``folder/rank<r>.json``: torch's intra-op threads, and ``OMP_WAIT_POLICY`` as
+    it was when the process started (what its OpenMP runtime read as torch loaded)."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = Path(folder)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        import json
+
+        import torch
+
+        from vit_ct.threads import USER_SET
+
+        record = {"threads": torch.get_num_threads(), "wait_policy": USER_SET["OMP_WAIT_POLICY"]}
+        self.folder.mkdir(parents=True, exist_ok=True)
+        (self.folder / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))

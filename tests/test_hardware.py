@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -97,26 +95,3 @@ def test_usable_cpus_is_the_affinity_capped_by_the_quota(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3})
     monkeypatch.setattr(hardware, "cgroup_cpu_quota", lambda: 4.0)
     assert hardware.usable_cpus() == 1
-
-
-def test_threads_follow_usable_cpus_unless_the_user_chose(monkeypatch):
-    before = torch.get_num_threads()
-    try:
-        monkeypatch.setattr(hardware, "usable_cpus", lambda: 1)
-        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-        assert hardware.use_usable_cpus() == 1
-        torch.set_num_threads(before)
-        monkeypatch.setenv("OMP_NUM_THREADS", str(before))
-        assert hardware.use_usable_cpus() == before
-    finally:
-        torch.set_num_threads(before)
-
-
-@pytest.mark.parametrize(("given", "expected"), [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
-def test_openmp_waits_passively_unless_the_user_chose(given, expected):
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    if given:
-        env["OMP_WAIT_POLICY"] = given
-    code = "import os, vit_ct; print(os.environ['OMP_WAIT_POLICY'])"
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert result.stdout.strip() == expected

@@ -1,13 +1,5 @@
 """vit-ct: Vision Transformers for CT slices, with attention-rollout maps over the lesion."""
 
-import os
-
-# OpenMP threads that busy-wait between parallel regions make processes sharing the cores (two runs, or a run and
-# its DataLoader workers) many times slower: two demo trainings side by side on 2 cores each ran 1.9x to 8x slower
-# than with passive waiting (benchmarks/training_throughput.py); a run alone lost a few percent at most. Set before
-# torch loads its OpenMP runtime; a value the user set wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 from vit_ct.data.datamodule import CTBatch, CTSliceDataModule, CTSliceDataset
 from vit_ct.data.reader import load_ct_slice, load_mask
 from vit_ct.data.windows import WINDOW_PRESETS, stack_windows, window_hu

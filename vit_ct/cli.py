@@ -37,12 +37,13 @@ from vit_ct.checkpoint import (
 from vit_ct.checkpoint_input import SPECIAL_CKPT_PATHS, follow_checkpoint
 from vit_ct.compat import subcommand_defaults, summarise_parser_error, wandb_init_arguments
 from vit_ct.data.datamodule import CTSliceDataModule
-from vit_ct.hardware import accelerator_name, describe_machine, resolve_precision, use_usable_cpus
+from vit_ct.hardware import accelerator_name, describe_machine, resolve_precision
 from vit_ct.interrupts import EXIT_STATUS, received_signal, stop_on_sigterm
 from vit_ct.model import ViTClassifier
 from vit_ct.progress import EpochLines
 from vit_ct.runs import remove_run_without_checkpoint, run_dir, write_summary
 from vit_ct.scan_metrics import ScanAUROC
+from vit_ct.threads import share_cores_with_children, use_threads
 from vit_ct.trainer import Trainer as AutoPrecisionTrainer
 
 
@@ -200,6 +201,9 @@ class VitCTCLI(LightningCLI):
 
     def instantiate_trainer(self, **kwargs) -> Trainer:
         trainer = super().instantiate_trainer(**kwargs)
+        if trainer.num_devices > 1:  # this machine's ranks share its CPUs: each its share, the children passive
+            use_threads(trainer.num_devices)
+            share_cores_with_children(trainer.num_devices)
         # Atomic, weights-only checkpoint files, unless the user chose a CheckpointIO (--trainer.plugins).
         plugins = self._get(self.config_init, "trainer", default={}).get("plugins") or []
         chosen = any(isinstance(p, CheckpointIO) for p in (plugins if isinstance(plugins, list) else [plugins]))
@@ -427,7 +431,7 @@ def _innermost(err: BaseException) -> BaseException:
 
 def _cli(args: list[str] | None, run: bool) -> VitCTCLI:
     use_wandb_offline_unless_configured()
-    use_usable_cpus()
+    use_threads()  # a run alone: every usable CPU (DDP ranks get their share in instantiate_trainer)
     torch.set_float32_matmul_precision("high")
     try:
         cli = VitCTCLI(

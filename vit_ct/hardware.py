@@ -99,13 +99,6 @@ def cgroup_cpu_quota(root: Path = Path("/sys/fs/cgroup")) -> float | None:
         return None
 
 
-def use_usable_cpus() -> int:
-    """Sets torch's intra-op threads to :func:`usable_cpus` unless the user chose them (``OMP_NUM_THREADS``)."""
-    if not os.environ.get("OMP_NUM_THREADS"):
-        torch.set_num_threads(usable_cpus())
-    return torch.get_num_threads()
-
-
 def cpu_model() -> str:
     """The CPU's model name (``/proc/cpuinfo`` on Linux), e.g. ``AMD EPYC 9R14``."""
     try:
