@@ -17,9 +17,9 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 demo: $(VENV)/.installed
 	$(BIN)/vit-ct fit --config configs/demo.yaml $(ARGS)
-	$(BIN)/vit-ct predict --config configs/demo.yaml --ckpt_path "$$($(BIN)/python -m vit_ct.summary best_checkpoint)" \
+	$(BIN)/vit-ct predict --config configs/demo.yaml --ckpt_path "$$($(BIN)/python -m vit_ct.run.summary best_checkpoint)" \
 		--data.init_args.predict_split test --output_dir $(OUT) --overwrite true $(ARGS)
-	@$(BIN)/python -m vit_ct.summary report $(OUT)
+	@$(BIN)/python -m vit_ct.run.summary report $(OUT)
 
 review: $(VENV)/.installed
 	$(BIN)/python -m vit_ct.review --output_dir outputs/review

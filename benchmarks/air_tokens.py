@@ -21,8 +21,9 @@ import torch
 import yaml
 
 from vit_ct import SyntheticCTDataModule
-from vit_ct.hardware import auto_precision, describe_machine
-from vit_ct.model import ViTClassifier, attention_keys, every_token_features
+from vit_ct.model import ViTClassifier
+from vit_ct.model.network import attention_keys
+from vit_ct.run.hardware import auto_precision, describe_machine
 
 DEMO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
 DEMO_DATA = Path("data/synthetic")  # where `make demo` builds the set (built here if it is not)
@@ -40,13 +41,13 @@ def batches_of(size: int, steps: int) -> list[dict]:
 
 def step_times(model: ViTClassifier, batches: list[dict], warmup: int, autocast) -> tuple[float, float]:
     """Median seconds of a training step (the model's losses, backward, AdamW) and of an explained forward pass."""
-    optimizer = torch.optim.AdamW(model._param_groups(), lr=1e-4)
+    optimizer = torch.optim.AdamW(model.param_groups(), lr=1e-4)
     train, explain = [], []
     for batch in batches:
         model.train()
         start = time.perf_counter()
         with autocast():
-            loss = model._losses(batch)[0]
+            loss = model.losses(batch)[0]
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -77,7 +78,8 @@ def main(argv: list[str] | None = None) -> None:
         every = ViTClassifier(img_size=size, in_chans=2)
         every.load_state_dict(skipped.state_dict())
         # forward_features as it was: air masked as keys, every token through every block
-        every.forward_features = lambda image, checkpoint_blocks=True, model=every: every_token_features(model, image)
+        reference = every.vit.forward_features_every_token
+        every.vit.forward_features = lambda image, checkpoint_blocks=True, reference=reference: reference(image)
         with torch.no_grad():
             skipped.eval(), every.eval()
             difference = max((skipped(b["image"]) - every(b["image"])).abs().max().item() for b in batches[:2])

@@ -27,8 +27,8 @@ from vit_ct.explain.attention import patch_grid, record_attention
 from vit_ct.explain.localisation import LocalisationMetrics, localisation_maps, model_grid_spacing_mm
 from vit_ct.explain.maps import explain_gradient_rollout
 from vit_ct.explain.rollout import last_block_attention
-from vit_ct.hardware import describe_machine
-from vit_ct.model import ViTClassifier, every_token_features
+from vit_ct.model import ViTClassifier
+from vit_ct.run.hardware import describe_machine
 
 # Deletion fills with normal brain: grey/white matter average ~30 HU, below fresh blood (50-90 HU), so a deleted patch
 # loses exactly the hyperdensity that marks a bleed and gains no new structure. Only head pixels are filled (air stays
@@ -135,7 +135,7 @@ class _EveryToken(nn.Module):
         self.model = model
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.model.vit.forward_head(every_token_features(self.model, images))
+        return self.model.vit.forward_head(self.model.vit.forward_features_every_token(images))
 
 
 def grad_cam(model: ViTClassifier, images: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:

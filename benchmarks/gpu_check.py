@@ -54,7 +54,7 @@ def training_flops(model: ViTClassifier, batch: dict, precision: str) -> int:
     device_type = batch["image"].device.type
     counter = FlopCounterMode(display=False)
     with counter, torch.autocast(device_type, dtype=dtype, enabled=precision != "32-true"):
-        loss = model._losses(batch)[0]
+        loss = model.losses(batch)[0]
         loss.backward()
     model.zero_grad(set_to_none=True)
     return counter.get_total_flops()

@@ -19,7 +19,7 @@ from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian, generate_uid
 
 from vit_ct.data.datamodule import CTSliceDataModule
 from vit_ct.data.reader import load_ct_slice
-from vit_ct.hardware import describe_machine
+from vit_ct.run.hardware import describe_machine
 
 USAGE = """example:
   .venv/bin/python benchmarks/loader_throughput.py                  # 300 slices of 512 x 512: about a minute

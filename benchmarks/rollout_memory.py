@@ -20,7 +20,7 @@ import torch
 from vit_ct.explain.attention import num_prefix_tokens, patch_grid, record_attention
 from vit_ct.explain.maps import explain_gradient_rollout, explain_rollout
 from vit_ct.explain.rollout import attention_rollout
-from vit_ct.hardware import describe_machine
+from vit_ct.run.hardware import describe_machine
 
 VARIANTS = ("forward", "naive", "lean", "gradient")
 DESCRIPTIONS = {

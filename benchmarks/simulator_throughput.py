@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from vit_ct.hardware import describe_machine
+from vit_ct.run.hardware import describe_machine
 from vit_ct.sim.phantom import PhantomConfig
 from vit_ct.sim.simulator import SimulatedSliceStream, StreamLoader
 

@@ -36,8 +36,9 @@ from torch.utils.data import DataLoader
 
 from vit_ct.data.datamodule import CTSliceDataModule, CTSliceDataset
 from vit_ct.explain.localisation import LocalisationMetrics, model_grid_spacing_mm, upsampled_rollout
-from vit_ct.hardware import auto_precision, describe_machine
-from vit_ct.model import ViTClassifier, warmup_cosine_schedule
+from vit_ct.model import ViTClassifier
+from vit_ct.model.optim import warmup_cosine_schedule
+from vit_ct.run.hardware import auto_precision, describe_machine
 from vit_ct.sim.phantom import PhantomConfig
 from vit_ct.sim.synthetic import build_synthetic_dataset
 

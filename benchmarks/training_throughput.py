@@ -37,7 +37,7 @@ from torch.utils.data import DataLoader
 
 from vit_ct import ViTClassifier
 from vit_ct.cli import main as vit_ct
-from vit_ct.hardware import auto_precision, describe_machine, usable_cpus
+from vit_ct.run.hardware import auto_precision, describe_machine, usable_cpus
 
 # The demo's network; the in-memory rows train it on random images without masks, so without the mask-supervised losses
 MODEL = {"arch": "vit_tiny_patch16_224", "depth": 6, "img_size": 128, "patch_loss_weight": 0.0, "drop_path_rate": 0.1}
@@ -175,14 +175,14 @@ def plain_child(path: str, precision: str, epochs: int) -> None:
     model = ViTClassifier(**saved["hparams"])
     model.load_state_dict(saved["state_dict"])
     model.train()
-    optimizer = torch.optim.AdamW(model._param_groups(), lr=model.hparams.lr)
+    optimizer = torch.optim.AdamW(model.param_groups(), lr=model.hparams.lr)
     autocast = torch.autocast("cpu", dtype=torch.bfloat16) if precision.startswith("bf16") else contextlib.nullcontext()
     times = []
     for epoch in range(epochs):
         for batch in saved["batches"]:
             start = time.perf_counter()
             with autocast:
-                loss = model._losses(batch)[0]
+                loss = model.losses(batch)[0]
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -221,7 +221,7 @@ def lightning_throughput(model: ViTClassifier, batches: list[dict], warmup: int,
 def plain_throughput(model: ViTClassifier, batches: list[dict], warmup: int) -> float:
     """Images/s of a hand-written loop: the same timm network, loss, AdamW groups and batches, no Lightning."""
     vit = model.vit.train()
-    optimizer = torch.optim.AdamW(model._param_groups(), lr=model.hparams.lr)
+    optimizer = torch.optim.AdamW(model.param_groups(), lr=model.hparams.lr)
     for i, batch in enumerate(batches):
         if i == warmup:
             start = time.perf_counter()
@@ -260,7 +260,7 @@ def run_steps(vit: torch.nn.Module, model: ViTClassifier, batches: list[dict], t
             for batch in batches:
                 vit(batch["image"])
         return
-    optimizer = getattr(model, "_benchmark_optimizer", None) or torch.optim.AdamW(model._param_groups(), lr=1e-3)
+    optimizer = getattr(model, "_benchmark_optimizer", None) or torch.optim.AdamW(model.param_groups(), lr=1e-3)
     model._benchmark_optimizer = optimizer
     for batch in batches:
         loss = F.cross_entropy(vit(batch["image"]).float(), batch["label"])
@@ -280,7 +280,7 @@ def saved_for_backward_mib(model: ViTClassifier, batch: dict) -> float:
 
     model.train()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = model._losses(batch)[0]
+        loss = model.losses(batch)[0]
     loss.backward()
     parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
     return sum(n for ptr, n in storages.items() if ptr not in parameters) / 2**20

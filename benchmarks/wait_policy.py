@@ -1,7 +1,7 @@
 """OpenMP waiting and threads by what shares the cores, measured on the real commands, side by side in one run.
 
 Before: every process waited passively (``OMP_WAIT_POLICY=PASSIVE``, which vit-ct used to set on import) and every
-DDP rank took every usable CPU. After (vit_ct.threads): a run alone keeps OpenMP's default waiting; the ranks of a
+DDP rank took every usable CPU. After (vit_ct.run.threads): a run alone keeps OpenMP's default waiting; the ranks of a
 CPU DDP job split the CPUs and the ranks it starts wait passively; DataLoader workers and the simulator's worker
 processes run one thread each. "Before" is reproduced with the environment variables the code honours (a value the
 user sets wins), so both run the same code. Each case alternates before / after, ``--repeats`` times:
@@ -85,7 +85,7 @@ def main() -> None:
     parser.add_argument("--cases", nargs="+", default=["alone", "ddp", "workers", "simulator"])
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    from vit_ct.hardware import describe_machine
+    from vit_ct.run.hardware import describe_machine
 
     if "simulator" not in args.cases or len(args.cases) > 1:  # the demo set, once, outside the timings
         subprocess.run([*fit_command("alone", 0)], cwd=tempfile.gettempdir(), env=environment(False, "alone"),

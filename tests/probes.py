@@ -46,7 +46,7 @@ class RecordThreads(Callback):
 
         import torch
 
-        from vit_ct.threads import USER_SET
+        from vit_ct.run.threads import USER_SET
 
         record = {"threads": torch.get_num_threads(), "wait_policy": USER_SET["OMP_WAIT_POLICY"]}
         self.folder.mkdir(parents=True, exist_ok=True)

@@ -11,9 +11,9 @@ import torch
 from lightning.pytorch.loggers import WandbLogger
 from PIL import Image
 
-from vit_ct.callbacks import RolloutOverlayCallback
 from vit_ct.data.datamodule import CTSliceDataModule
 from vit_ct.model import ViTClassifier
+from vit_ct.run.wandb_media import RolloutOverlayCallback
 
 torch.set_num_threads(1)
 

@@ -18,8 +18,8 @@ from lightning.pytorch.callbacks import EMAWeightAveraging
 from npy_manifest import manifest_args, write_npy_manifest
 
 from vit_ct import ViTClassifier
-from vit_ct.checkpoint import WANDB_RUN_ID, AtomicCheckpointIO, read_wandb_run_id
 from vit_ct.cli import main
+from vit_ct.run.checkpoint import WANDB_RUN_ID, AtomicCheckpointIO, read_wandb_run_id
 
 TESTS = Path(__file__).resolve().parent
 TINY = {"embed_dim": 32, "depth": 2, "num_heads": 2, "img_size": 32, "in_chans": 1}
@@ -106,7 +106,7 @@ def test_atomic_io_is_the_default_and_trainer_plugins_still_work(tmp_path, plugi
 
 
 def test_timm_state_dict_loads_like_timm_own_pretrained_loader(tmp_path):
-    """``--model.weights FILE`` (vit_ct.weights) adapts channels, position grid and head as timm's loader does."""
+    """``--model.weights FILE`` (vit_ct.model.weights) adapts channels, position grid and head as timm's loader does."""
     import timm
 
     torch.manual_seed(0)

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from vit_ct import compat
 from vit_ct.cli import main
+from vit_ct.run import compat
 
 NAMEDTUPLE_API = ("_fields", "_asdict", "_replace", "_make")
 DEMO = str(Path(__file__).resolve().parents[1] / "configs" / "demo.yaml")

@@ -11,10 +11,10 @@ import torch
 from npy_manifest import manifest_args, write_npy_manifest
 
 from vit_ct import ViTClassifier
-from vit_ct.checkpoint import BestAndLastCheckpoint, read_checkpoint
 from vit_ct.cli import main
 from vit_ct.data.contract import CHECKPOINT_KEY, InputContract
 from vit_ct.review import review_datamodule
+from vit_ct.run.checkpoint import BestAndLastCheckpoint, read_checkpoint
 
 NO_LOGGER = ["--trainer.logger", "false"]
 READ = ["--data.init_args.modalities", "[CT,MR]", "--data.init_args.stored_values_are_hu", "true"]

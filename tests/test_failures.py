@@ -19,10 +19,11 @@ from lightning.pytorch import Callback
 from npy_manifest import BEST_BY_VAL_AUROC, manifest_args, write_npy_manifest
 from sklearn.metrics import roc_auc_score
 
-from vit_ct import ViTClassifier, metrics
-from vit_ct.checkpoint import AtomicCheckpointIO
+from vit_ct import ViTClassifier
 from vit_ct.cli import main
-from vit_ct.metrics import DefinedBinaryAUROC, DefinedMulticlassAUROC, DefinedMultilabelAUROC
+from vit_ct.metrics import classification as metrics
+from vit_ct.metrics.classification import DefinedBinaryAUROC, DefinedMulticlassAUROC, DefinedMultilabelAUROC
+from vit_ct.run.checkpoint import AtomicCheckpointIO
 
 TINY = {"embed_dim": 32, "depth": 2, "num_heads": 2, "img_size": 32, "in_chans": 1}
 NO_LOGGER = ["--trainer.logger", "false"]

@@ -12,7 +12,7 @@ import pytest
 from conftest import TINY_MODEL_ARGS, tiny_data_args
 
 from vit_ct.cli import main
-from vit_ct.summary import report
+from vit_ct.run.summary import report
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = str(ROOT / "configs" / "demo.yaml")

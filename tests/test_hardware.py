@@ -9,9 +9,9 @@ import torch
 import yaml
 from npy_manifest import manifest_args, write_npy_manifest
 
-from vit_ct import hardware
 from vit_ct.cli import main
-from vit_ct.trainer import Trainer
+from vit_ct.run import hardware
+from vit_ct.run.trainer import Trainer
 
 
 @pytest.mark.parametrize(

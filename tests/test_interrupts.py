@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 from npy_manifest import manifest_args, write_npy_manifest
 
-from vit_ct.checkpoint import read_checkpoint
+from vit_ct.run.checkpoint import read_checkpoint
 
 TESTS = Path(__file__).resolve().parent
 NO_LOGGER = ["--trainer.logger", "false"]

@@ -14,7 +14,7 @@ import torch
 from lightning.pytorch import Callback
 from lightning.pytorch.demos.boring_classes import BoringModel
 
-from vit_ct.checkpoint import AtomicCheckpointIO, BestAndLastCheckpoint
+from vit_ct.run.checkpoint import AtomicCheckpointIO, BestAndLastCheckpoint
 
 BATCHES_PER_EPOCH = 4
 

@@ -168,7 +168,8 @@ def test_model_scores_positive_slices_with_masks():
     model = ViTClassifier(img_size=32, in_chans=1, embed_dim=32, depth=2, num_heads=2).eval()
     with torch.no_grad(), pytest.warns(UserWarning, match="self.log"):  # no trainer attached: logging is skipped
         model.validation_step(_tiny_batch(), 0)
-    assert model.localisation["val"]["rollout"].compute()["slices"] == 1  # slice 0: 2 has no mask, 1 and 3 are empty
-    head = model.localisation["val"]["floor_head"].compute()
+    localisation = model.map_metrics["val"].localisation
+    assert localisation["rollout"].compute()["slices"] == 1  # slice 0: 2 has no mask, 1 and 3 are empty
+    head = localisation["floor_head"].compute()
     assert head["pixel_auroc"] == pytest.approx(0.5) and head["energy_ratio"] == pytest.approx(1.0)
     assert model_grid_spacing_mm(32) == pytest.approx(230 / 32)

@@ -5,7 +5,9 @@ import timm
 import torch
 
 from vit_ct import CTSliceDataModule
-from vit_ct.model import ViTClassifier, warmup_cosine
+from vit_ct.model import ViTClassifier
+from vit_ct.model.losses import patch_loss
+from vit_ct.model.optim import warmup_cosine
 
 TINY = {"img_size": 32, "in_chans": 1, "embed_dim": 32, "depth": 2, "num_heads": 2}
 
@@ -65,37 +67,44 @@ def _batch(B=4, size=32, lesion=True):
     }
 
 
+def _patch_loss(batch: dict, logit: float) -> torch.Tensor | None:
+    """The patch loss of ``batch`` with every patch's logit at ``logit`` (2 x 2 patches of 16 px per slice)."""
+    logits = torch.full((len(batch["label"]), 4), logit)
+    return patch_loss(logits, batch["mask"], batch["has_mask"], batch["label"], patch_size=16)
+
+
 def test_patch_loss_targets_the_lesion_patches():
-    model = ViTClassifier(**TINY, patch_loss_weight=1.0, drop_path_rate=0.0)
     batch = _batch()
-    tokens = model.vit.forward_features(batch["image"])
-    with torch.no_grad():
-        model.patch_head.weight.zero_()
-        model.patch_head.bias.fill_(0.0)
     # All patch logits 0 -> BCE = log 2 whatever the target.
-    assert model._patch_loss(tokens, batch).item() == pytest.approx(torch.log(torch.tensor(2.0)).item(), rel=1e-5)
-    with torch.no_grad():
-        model.patch_head.bias.fill_(-20.0)  # every patch says "no blood"
-    loss = model._patch_loss(tokens, batch).item()
-    # Lesion and lesion-free patches weigh half each: the 2 lesion patches cost 20, the 14 others ~0.
-    assert loss == pytest.approx(0.5 * 20.0, rel=1e-3)
+    assert _patch_loss(batch, 0.0).item() == pytest.approx(torch.log(torch.tensor(2.0)).item(), rel=1e-5)
+    # every patch says "no blood": lesion and lesion-free patches weigh half each, the 2 lesion patches cost 20 each,
+    # the 14 others ~0
+    assert _patch_loss(batch, -20.0).item() == pytest.approx(0.5 * 20.0, rel=1e-3)
 
 
 def test_patch_loss_skips_positive_slices_without_mask():
-    model = ViTClassifier(**TINY, patch_loss_weight=1.0)
     batch = _batch()
     batch["has_mask"][:] = False
-    tokens = model.vit.forward_features(batch["image"])
-    with torch.no_grad():
-        model.patch_head.bias.fill_(-20.0)
-    assert model._patch_loss(tokens, batch).item() < 1e-6  # only the lesion-free (empty-mask) slices count
+    assert _patch_loss(batch, -20.0).item() < 1e-6  # only the lesion-free (empty-mask) slices count
     batch["label"][:] = 1
-    assert model._patch_loss(tokens, batch) is None
+    assert _patch_loss(batch, -20.0) is None
+
+
+def test_the_model_adds_its_patch_head_loss_weighted():
+    torch.manual_seed(0)
+    model = ViTClassifier(**TINY, patch_loss_weight=0.5, attention_loss_weight=0.0, drop_path_rate=0.0)
+    batch = _batch()
+    total, logits, parts = model.losses(batch)
+    tokens = model.vit.forward_features(batch["image"])
+    patch_logits = model.patch_head(tokens[:, 1:]).squeeze(-1)
+    expected = patch_loss(patch_logits, batch["mask"], batch["has_mask"], batch["label"], 16)
+    torch.testing.assert_close(parts["patch_loss"], expected.detach())
+    torch.testing.assert_close(total, parts["cls_loss"] + 0.5 * parts["patch_loss"])
 
 
 def test_no_weight_decay_on_norms_biases_and_embeddings():
     model = ViTClassifier(**TINY)
-    groups = model._param_groups()
+    groups = model.param_groups()
     decayed = {id(p) for g in groups if g["weight_decay"] > 0 for p in g["params"]}
     assert id(model.vit.pos_embed) not in decayed and id(model.vit.cls_token) not in decayed
     assert id(model.vit.blocks[0].norm1.weight) not in decayed and id(model.vit.head.bias) not in decayed
@@ -106,7 +115,7 @@ def test_no_weight_decay_on_norms_biases_and_embeddings():
 
 def test_layer_decay_scales_early_blocks_down():
     model = ViTClassifier(**TINY, layer_decay=0.5, lr=1.0)
-    lrs = {id(p): g.get("lr", 1.0) for g in model._param_groups() for p in g["params"]}
+    lrs = {id(p): g.get("lr", 1.0) for g in model.param_groups() for p in g["params"]}
     assert lrs[id(model.vit.head.weight)] == pytest.approx(1.0)
     assert lrs[id(model.vit.blocks[1].attn.qkv.weight)] == pytest.approx(0.5)
     assert lrs[id(model.vit.blocks[0].attn.qkv.weight)] == pytest.approx(0.25)

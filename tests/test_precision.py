@@ -31,9 +31,9 @@ def test_bf16_autocast_keeps_losses_and_metric_inputs_float32_and_close():
     model = ViTClassifier(**TINY, drop_path_rate=0.0).eval()
     batch = _batch()
     with torch.no_grad():
-        loss32, logits32, _ = model._losses(batch)
+        loss32, logits32, _ = model.losses(batch)
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss16, logits16, parts = model._losses(batch)
+            loss16, logits16, parts = model.losses(batch)
             raw = model(batch["image"])
             probs = model.probabilities(raw)
     assert raw.dtype == torch.bfloat16  # autocast is really on ...
@@ -52,7 +52,7 @@ def test_grad_checkpointing_gives_the_same_gradients():
     batch = _batch(1)
     for model in (plain, checkpointed):
         model.train()
-        model._losses(batch)[0].backward()
+        model.losses(batch)[0].backward()
     for (name, a), (_, b) in zip(plain.named_parameters(), checkpointed.named_parameters(), strict=True):
         assert a.grad is not None, name
         torch.testing.assert_close(b.grad, a.grad, atol=1e-6, rtol=1e-5, msg=name)

@@ -219,9 +219,9 @@ def test_every_documented_composition_gives_the_model_the_input_its_checkpoint_e
     own input size, placeholders filled) but not run: the model is built for the data's input, and where the command
     names a checkpoint (`--ckpt_path`, or a vit-ct checkpoint in `--model.weights`) the data prepares slices exactly
     as that checkpoint records, whatever the configs say."""
-    from vit_ct.checkpoint import read_checkpoint
     from vit_ct.cli import VitCTCLI, main
     from vit_ct.data.contract import InputContract
+    from vit_ct.run.checkpoint import read_checkpoint
 
     user_files(tmp_path, synthetic_set)
     monkeypatch.chdir(tmp_path)

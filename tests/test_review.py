@@ -16,7 +16,7 @@ from PIL import Image
 
 from vit_ct import ViTClassifier, review
 from vit_ct.explain.localisation import LocalisationMetrics
-from vit_ct.prediction import PredictionWriter
+from vit_ct.predict.writer import PredictionWriter
 from vit_ct.review import figures as review_figures
 
 WINDOWS = {"data": {"init_args": {"windows": ["brain", "subdural"]}}}

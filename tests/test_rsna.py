@@ -20,7 +20,7 @@ from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian, generate_uid
 from vit_ct.data.manifest import read_manifest
 from vit_ct.data.reader import load_ct_slice
 from vit_ct.data.rsna import RSNA_LABELS, build_rsna_manifest, main, read_rsna_labels
-from vit_ct.metrics import WeightedLogLoss
+from vit_ct.metrics.classification import WeightedLogLoss
 
 ROOT = Path(__file__).resolve().parents[1]
 

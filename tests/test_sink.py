@@ -11,8 +11,10 @@ from vit_ct.explain.attention import from_full_sequence, record_attention, to_fu
 from vit_ct.explain.maps import explain_forward, explain_gradient_rollout
 from vit_ct.explain.rollout import attention_rollout, class_token_rollout
 from vit_ct.explain.sink import SinkMetrics, air_patches, class_token_shares, mass_share, patch_level_floor
-from vit_ct.model import ViTClassifier, attention_keys, every_token_features
-from vit_ct.summary import report
+from vit_ct.model import ViTClassifier
+from vit_ct.model.losses import attention_loss
+from vit_ct.model.network import attention_keys
+from vit_ct.run.summary import report
 
 TINY = {"img_size": 32, "patch_size": 8, "embed_dim": 32, "depth": 2, "num_heads": 2, "drop_path_rate": 0.0}
 
@@ -88,7 +90,7 @@ def test_skipping_air_equals_timm_masked_forward_for_every_token_that_is_a_key()
     keys = attention_keys(image, 8, model.vit.num_prefix_tokens)
     assert keys.sum(-1).flatten().tolist() == [2 + 6, 2 + 1]
     with torch.no_grad():
-        skipped, masked = model.forward_features(image), model.vit.forward_features(image, attn_mask=keys)
+        skipped, masked = model.vit.forward_features(image), model.vit.forward_features(image, attn_mask=keys)
         torch.testing.assert_close(skipped[keys[:, 0, 0]], masked[keys[:, 0, 0]])
         torch.testing.assert_close(model(image), model.vit.forward_head(masked))
     # the attention recorded from the shorter sequence is timm's full one on every row of a key token
@@ -131,9 +133,9 @@ def test_gradient_rollout_and_the_attention_loss_see_through_skipped_air():
         "has_mask": torch.tensor([True, True]),
     }
     batch["mask"][:, :, 16:24, 8:16] = 1
-    _, _, parts = model._losses(batch)
+    _, _, parts = model.losses(batch)
     assert parts["attention_loss"] > 0
-    model._losses(batch)[0].backward()
+    model.losses(batch)[0].backward()
     assert model.vit.blocks[0].attn.qkv.weight.grad.abs().sum() > 0
 
 
@@ -245,8 +247,12 @@ def test_sink_metrics_average_by_hand():
     assert values["slices"].item() == 2 and values["lesion_slices"].item() == 1
 
 
+def _attention_loss(attentions, batch, target):
+    return attention_loss(attentions, batch["mask"], batch["has_mask"], patch_size=16, num_prefix_tokens=1,
+                          grid_size=(2, 2), target=target)  # fmt: skip
+
+
 def test_attention_loss_is_the_cross_entropy_of_the_class_token_row_by_hand():
-    model = ViTClassifier(**{**TINY, "patch_size": 16}, attention_loss_weight=1.0, attention_target="class_token")
     mask = torch.zeros(2, 1, 32, 32)
     mask[0, 0, :16, :16] = 1  # the whole first patch
     mask[0, 0, :4, 16:32] = 1  # a quarter of the second
@@ -256,13 +262,13 @@ def test_attention_loss_is_the_cross_entropy_of_the_class_token_row_by_hand():
     attention[:, 0, 0] = row
     # target: patch shares 1 : 0.25 -> 0.8, 0.2
     expected = -(0.8 * torch.log(torch.tensor(0.4)) + 0.2 * torch.log(torch.tensor(0.1)))
-    assert model._attention_loss([attention, attention], batch).item() == pytest.approx(expected.item(), rel=1e-6)
+    loss = _attention_loss([attention, attention], batch, "class_token")
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
     batch["has_mask"][:] = False
-    assert model._attention_loss([attention], batch) is None
+    assert _attention_loss([attention], batch, "class_token") is None
 
 
 def test_attention_loss_on_the_rollout_by_hand():
-    model = ViTClassifier(**{**TINY, "patch_size": 16}, attention_loss_weight=1.0, attention_target="rollout")
     mask = torch.zeros(1, 1, 32, 32)
     mask[0, 0, :16, :16] = 1
     mask[0, 0, :4, 16:32] = 1  # target shares 0.8, 0.2, 0, 0
@@ -270,7 +276,7 @@ def test_attention_loss_on_the_rollout_by_hand():
     attention = torch.eye(5)[None, None].clone()  # patches attend to themselves
     attention[0, 0, 0] = torch.tensor([0.5, 0.25, 0.25, 0.0, 0.0])
     # rownorm(A + I) row 0 = [.75 .125 .125 0 0]: over the patches [.5 .5 0 0] -> cross-entropy log 2
-    assert model._attention_loss([attention], batch).item() == pytest.approx(math.log(2), rel=1e-6)
+    assert _attention_loss([attention], batch, "rollout").item() == pytest.approx(math.log(2), rel=1e-6)
 
 
 def test_attention_loss_pulls_the_class_token_towards_the_lesion():
@@ -290,7 +296,7 @@ def test_attention_loss_pulls_the_class_token_towards_the_lesion():
     before = on_lesion()
     model.train()
     for _ in range(30):
-        loss, _, parts = model._losses(batch)
+        loss, _, parts = model.losses(batch)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -312,7 +318,7 @@ def test_every_token_features_runs_every_token_through_the_blocks_at_the_same_lo
     model = ViTClassifier(**TINY, in_chans=2).eval()
     image = head_slice()
     with torch.no_grad(), record_attention(model, head_fusion="mean") as attentions:
-        logits = model.vit.forward_head(every_token_features(model, image))
+        logits = model.vit.forward_head(model.vit.forward_features_every_token(image))
     torch.testing.assert_close(logits, model(image).detach())
     rows = attentions[0][0, 0, 1:][AIR.flatten()]  # the air tokens' own rows: real attention, not identity rows
     assert (rows[:, 1:][:, ~AIR.flatten()] > 0).all()

@@ -15,8 +15,9 @@ import torch
 from npy_manifest import manifest_args, write_npy_manifest
 from torch.utils.data import Dataset
 
-from vit_ct import CTSliceDataModule, threads
-from vit_ct.hardware import usable_cpus
+from vit_ct import CTSliceDataModule
+from vit_ct.run import threads
+from vit_ct.run.hardware import usable_cpus
 
 TESTS = Path(__file__).resolve().parent
 OPENMP = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")

@@ -5,8 +5,8 @@ from vit_ct.data.reader import load_ct_slice, load_mask
 from vit_ct.data.windows import WINDOW_PRESETS, stack_windows, window_hu
 from vit_ct.explain.attention import record_attention
 from vit_ct.explain.rollout import attention_rollout, gradient_rollout, last_block_attention
-from vit_ct.legacy import register_aliases
 from vit_ct.model import ViTClassifier
+from vit_ct.run.aliases import register_aliases
 from vit_ct.sim.synthetic import SyntheticCTDataModule
 
 __all__ = [

@@ -1,8 +1,8 @@
 """The ``vit-ct`` command: a LightningCLI (fit / validate / test / predict) with W&B tracking and checkpoints.
 
-Runs go to ``runs/<project>/<run id>/`` (checkpoints, config.yaml, summary.json; :mod:`vit_ct.runs`); ``runs/latest``
-points at the newest fit that wrote a checkpoint. An error prints its message and where it was raised, and exits 1;
-``--debug`` (or ``VIT_CT_DEBUG=1``) prints the full traceback instead.
+Runs go to ``runs/<project>/<run id>/`` (checkpoints, config.yaml, summary.json; :mod:`vit_ct.run.runs`);
+``runs/latest`` points at the newest fit that wrote a checkpoint. An error prints its message and where it was raised,
+and exits 1; ``--debug`` (or ``VIT_CT_DEBUG=1``) prints the full traceback instead.
 """
 
 from __future__ import annotations
@@ -26,25 +26,25 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from rich.console import Console
 
-from vit_ct.callbacks import BadFilesReport, RolloutOverlayCallback
-from vit_ct.checkpoint import (
+from vit_ct.data.datamodule import CTSliceDataModule
+from vit_ct.model import ViTClassifier
+from vit_ct.run.checkpoint import (
     AtomicCheckpointIO,
     BestAndLastCheckpoint,
     ResumeState,
     read_checkpoint,
     read_wandb_run_id,
 )
-from vit_ct.checkpoint_input import SPECIAL_CKPT_PATHS, follow_checkpoint
-from vit_ct.compat import subcommand_defaults, summarise_parser_error, wandb_init_arguments
-from vit_ct.data.datamodule import CTSliceDataModule
-from vit_ct.hardware import accelerator_name, describe_machine, resolve_precision
-from vit_ct.interrupts import EXIT_STATUS, received_signal, stop_on_sigterm
-from vit_ct.model import ViTClassifier
-from vit_ct.progress import EpochLines
-from vit_ct.runs import remove_run_without_checkpoint, run_dir, write_summary
-from vit_ct.scan_metrics import ScanAUROC
-from vit_ct.threads import share_cores_with_children, use_threads
-from vit_ct.trainer import Trainer as AutoPrecisionTrainer
+from vit_ct.run.checkpoint_input import SPECIAL_CKPT_PATHS, follow_checkpoint
+from vit_ct.run.compat import subcommand_defaults, summarise_parser_error, wandb_init_arguments
+from vit_ct.run.hardware import accelerator_name, describe_machine, resolve_precision
+from vit_ct.run.interrupts import EXIT_STATUS, received_signal, stop_on_sigterm
+from vit_ct.run.progress import EpochLines
+from vit_ct.run.runs import BadFilesReport, remove_run_without_checkpoint, run_dir, write_summary
+from vit_ct.run.scan_auroc import ScanAUROC
+from vit_ct.run.threads import share_cores_with_children, use_threads
+from vit_ct.run.trainer import Trainer as AutoPrecisionTrainer
+from vit_ct.run.wandb_media import RolloutOverlayCallback
 
 
 class _NoNoise(logging.Filter):
@@ -221,7 +221,7 @@ class VitCTCLI(LightningCLI):
         input fails before a W&B run or a checkpoint exists."""
         check = getattr(self.datamodule, "check", None)
         if check is not None:
-            check(stage, num_classes=self.model.hparams.get("num_classes"))
+            check(stage, num_classes=self.model.hparams.num_classes)
 
     def _refuse_predict_options(self) -> None:
         """``--output_dir`` and ``--overwrite`` exist for every subcommand (LightningCLI shares its extra arguments)
@@ -259,8 +259,8 @@ class VitCTCLI(LightningCLI):
         config = self.config_init[self.subcommand]
         if config.get("output_dir") is None:
             raise ValueError("vit-ct predict needs --output_dir OUT (where predictions.csv and maps are written)")
-        from vit_ct.prediction import PredictionWriter
-        from vit_ct.scan_results import ScanResultsWriter
+        from vit_ct.predict.scans import ScanResultsWriter
+        from vit_ct.predict.writer import PredictionWriter
 
         inputs = [p for p in (config.get("ckpt_path"), getattr(self.datamodule, "manifest", None)) if p]
         # before reading any slice: a non-empty OUT is refused at once
@@ -296,7 +296,7 @@ class VitCTCLI(LightningCLI):
             "wandb_dir": _wandb_dir(trainer),
             "machine": describe_machine(),
             "precision": str(trainer.precision),
-            "localisation_tolerance_mm": self.model.hparams.get("localisation_tolerance_mm"),
+            "localisation_tolerance_mm": self.model.hparams.localisation_tolerance_mm,
             "metrics": metrics,
         }
         write_summary(trainer, summary)
@@ -364,10 +364,11 @@ def main(args: list[str] | None = None, *, run: bool = True) -> VitCTCLI | None:
     Returns the CLI object when given ``args`` (from Python, where errors are raised as they are), else None: the
     console script exits with the return value, and anything but None would be exit status 1. From the command line
     an error prints its message and where it was raised and exits 1; ``--debug`` or ``VIT_CT_DEBUG=1``: the full
-    traceback. SIGTERM and Ctrl-C stop the command with one line and exit status 143 / 130 (:mod:`vit_ct.interrupts`).
+    traceback. SIGTERM and Ctrl-C stop the command with one line and exit status 143 / 130
+    (:mod:`vit_ct.run.interrupts`).
     """
     if (sys.argv[1:] if args is None else args)[:1] == ["manifest"]:
-        from vit_ct.scan_manifest import main as manifest_main
+        from vit_ct.predict.manifest import main as manifest_main
 
         manifest_main((sys.argv[1:] if args is None else args)[1:])
         return None

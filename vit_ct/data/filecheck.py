@@ -1,11 +1,8 @@
-"""Files: the checks every slice reader shares (the file is there and readable, the requested slice exists in it),
-and the atomic write every writer of vit-ct uses."""
+"""The checks every slice reader shares: the file is there and readable, the requested slice exists in it."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -46,35 +43,3 @@ def frame_index(path: Path, n: int, frame: int | None, what: str) -> int:
     if not 0 <= frame < n:
         raise UnreadableFileError(path, f"frame {frame} is out of range: {what} holds {n} slice(s), 0..{n - 1}")
     return int(frame)
-
-
-@contextlib.contextmanager
-def atomic_write(path: str | os.PathLike, *, durable: bool = False) -> Iterator[Path]:
-    """Yields a hidden temporary path beside ``path`` to write to; when the block succeeds, renames it over ``path``
-    (``os.replace`` is atomic on POSIX and Windows), so a reader or a crash never sees a half-written file, and a
-    failure leaves the old file and no temporary one.
-
-    Args:
-        path: The file to write.
-        durable: Also flush the file and the rename to disk (``fsync``), for files that must survive a power loss.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        yield tmp
-        if durable:
-            _fsync(tmp)
-        os.replace(tmp, path)
-        if durable and os.name == "posix":
-            _fsync(path.parent)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

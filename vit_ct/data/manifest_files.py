@@ -17,8 +17,8 @@ from rich.progress import MofNCompleteColumn, Progress
 
 from vit_ct.data.dicom import CT_MODALITIES
 from vit_ct.data.duplicates import check_duplicate_images, file_digest
+from vit_ct.data.labels import lesion_rows
 from vit_ct.data.reader import load_ct_slice, load_mask, read_modality
-from vit_ct.data.splits import lesion_rows
 
 __all__ = ["BadFile", "validate_manifest_files", "write_bad_files"]
 

@@ -22,8 +22,8 @@ import pydicom
 from pydicom.dataset import Dataset
 
 from vit_ct.data.dicom import pixel_spacing
-from vit_ct.data.filecheck import atomic_write
 from vit_ct.data.reader import display_shape
+from vit_ct.files import atomic_write
 
 LPS_TO_RAS = np.diag([-1.0, -1.0, 1.0, 1.0])  # DICOM's patient axes (L, P, S) to NIfTI's (R, A, S)
 NIFTI_SUFFIXES = (".nii", ".nii.gz")

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from vit_ct.data.labels import lesion_rows
+
 SPLITS = ("train", "val", "test")
 SPLIT_FRACTIONS = (0.7, 0.15, 0.15)  # train / val / test shares of the patients when a manifest names no split
 _MAX_LISTED = 20  # line numbers named in one error message
@@ -49,16 +51,6 @@ def check_patient_splits(df: pd.DataFrame, where: str) -> None:
             problems.append(f"patient {patient!r}: {splits}")
     if problems:
         raise ValueError(f"{where}: patients appear in more than one split:\n  " + "\n  ".join(problems))
-
-
-def lesion_rows(df: pd.DataFrame, label_columns: Sequence[str] | None) -> np.ndarray:
-    """Rows labelled with a lesion (class > 0, or any multi-label column 1); unlabelled rows are not. Used to
-    stratify the split, and to require a lesion in the mask of such a row."""
-    if label_columns:
-        return (df[list(label_columns)].fillna(0).to_numpy(dtype=float) == 1).any(axis=1)
-    if "label" in df.columns:
-        return df["label"].fillna(0).to_numpy(dtype=float) > 0
-    return np.zeros(len(df), dtype=bool)
 
 
 def _split_groups(df: pd.DataFrame) -> pd.Series:

@@ -51,35 +51,17 @@ def _vision_transformer(model: nn.Module) -> nn.Module:
     raise ValueError(f"{type(model).__name__} holds no timm VisionTransformer (a module with patch_embed)")
 
 
-# A model that runs only some of its tokens through the blocks (vit-ct drops patches that hold only air) sets this
-# attribute on its VisionTransformer for the length of the forward pass: see `running_tokens`.
-RUNNING_TOKENS = "vit_ct_running_tokens"
-
-
-@contextlib.contextmanager
-def running_tokens(vit: nn.Module, index: torch.Tensor, total: int) -> Iterator[None]:
-    """Declares, for the forward pass inside the context, that the blocks of ``vit`` run a subset of its tokens.
-
-    ``record_attention`` then records every block's attention on the full sequence, as if the left-out tokens had
-    been there as queries and keys: their rows are identity rows (a token that skips the blocks keeps its own value)
-    and their columns are 0 (nothing attends to them). Rows still sum to 1, and rollout, sink measures and maps stay
-    on the full patch grid.
-
-    Args:
-        vit: the timm `VisionTransformer` whose blocks run the subset.
-        index: ``(B, T')`` long, the position in the full sequence of each token the blocks run, distinct per row.
-        total: ``T``, the length of the full sequence (prefix and patch tokens).
-    """
-    setattr(vit, RUNNING_TOKENS, (index, total))
-    try:
-        yield
-    finally:
-        delattr(vit, RUNNING_TOKENS)
+# A network whose blocks run only some of its tokens (vit-ct's air-skipping ViT, vit_ct.model.network) names them
+# during the forward pass in this attribute: `(index, total)`, the position of each running token in the full
+# sequence (B, T') and the length of the full sequence T. Attention is then recorded on the full sequence.
+RUNNING_TOKENS = "running_tokens"
 
 
 def to_full_sequence(attention: torch.Tensor, index: torch.Tensor, total: int) -> torch.Tensor:
-    """``(B, H, T', T')`` attention among the tokens at ``index`` -> ``(B, H, T, T)`` on the full sequence: identity
-    rows for the tokens left out, zero columns for them (differentiable; see :func:`running_tokens`)."""
+    """``(B, H, T', T')`` attention among the tokens at ``index`` -> ``(B, H, T, T)`` on the full sequence, as if the
+    left-out tokens had been there as queries and keys: identity rows for them (a token that skips the blocks keeps
+    its own value) and zero columns (nothing attends to them). Rows still sum to 1, so rollout, sink measures and
+    maps stay on the full patch grid. Differentiable."""
     B, H, kept, _ = attention.shape
     cols = attention.new_zeros(B, H, kept, total).scatter(
         3, index[:, None, None, :].expand(B, H, kept, kept), attention

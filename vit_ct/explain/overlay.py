@@ -9,8 +9,8 @@ from matplotlib import colormaps
 from PIL import Image
 from skimage.segmentation import find_boundaries
 
-from vit_ct.data.filecheck import atomic_write
 from vit_ct.data.windows import window_hu
+from vit_ct.files import atomic_write
 
 CONTOUR_RGB = (0, 255, 0)
 

@@ -9,8 +9,8 @@ import nibabel as nib
 import numpy as np
 from matplotlib.figure import Figure
 
-from vit_ct.data.filecheck import atomic_write
 from vit_ct.explain.overlay import render_overlay
+from vit_ct.files import atomic_write
 
 
 def canonical_views(volume: np.ndarray, affine: np.ndarray, voxel: tuple[int, int, int]) -> dict[str, np.ndarray]:

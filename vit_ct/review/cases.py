@@ -23,6 +23,7 @@ from torchmetrics.functional.classification import binary_auroc, binary_confusio
 from vit_ct.data.contract import READ_OPTIONS
 from vit_ct.data.datamodule import CTSliceDataModule
 from vit_ct.data.grid import to_source_grid
+from vit_ct.data.labels import lesion_label
 from vit_ct.data.reader import load_ct_slice, load_mask
 from vit_ct.data.splits import SPLIT_FRACTIONS
 from vit_ct.data.windows import parse_windows
@@ -37,9 +38,9 @@ from vit_ct.explain.localisation import (
 from vit_ct.explain.maps import explain_gradient_rollout
 from vit_ct.explain.rollout import last_block_attention, per_block_maps, per_head_maps
 from vit_ct.explain.sink import air_patches, class_token_shares, sink_per_slice
+from vit_ct.metrics.scans import lesion_scores, scan_auroc, scan_column, scan_summary
 from vit_ct.model import ViTClassifier
-from vit_ct.runs import LATEST_SUMMARY
-from vit_ct.scan_results import scan_auroc, scan_column, scan_summary
+from vit_ct.run.runs import LATEST_SUMMARY
 
 GROUPS = {"TP": "true positive", "FP": "false positive", "FN": "false negative", "TN": "true negative"}
 SCORES = ("pointing", "energy", "mask_fraction", "pixel_auroc")
@@ -194,14 +195,6 @@ def localisation_scores(
     return scores
 
 
-def lesion_probability(model: ViTClassifier, logits: torch.Tensor) -> torch.Tensor:
-    """P(lesion) ``(B,)``: the positive class for binary, 1 - P(class 0) for multi-class."""
-    if model.task == "multilabel":
-        raise ValueError("the review covers single-label models; a multi-label model has no single P(lesion)")
-    probs = model.probabilities(logits)
-    return probs if probs.dim() == 1 else 1.0 - probs[:, 0]
-
-
 def run_review(
     model: ViTClassifier, datamodule: CTSliceDataModule, *, threshold: float = 0.5, progress: bool = True
 ) -> pd.DataFrame:
@@ -228,7 +221,8 @@ def run_review(
         batch = {k: v.to(model.device) if torch.is_tensor(v) else v for k, v in batch.items()}
         explained = model.explained(batch["image"])
         logits, rollout = explained.output, explained.rollout
-        prob = lesion_probability(model, logits).cpu().numpy()
+        prob = lesion_scores(model.probabilities(logits), model.task, model.class_names).cpu().numpy()
+        lesions = lesion_label(batch["label"]).tolist()
         sink = sink_per_slice(rollout, explained.class_attention, batch["head"], model.num_prefix)
         scores = {name: sink[name] for name in ("rollout_air", "rollout_outside_head")}
         if batch["has_mask"].any():
@@ -244,7 +238,7 @@ def run_review(
                 scores.update({f"{source}_{name}": values for name, values in per_slice.items()})
         for i, index in enumerate(batch["index"].tolist()):
             row = split_rows.iloc[index]
-            label = int(batch["label"][i])
+            label = int(lesions[i])
             mask = row.get("mask")
             records.append(
                 {
@@ -254,7 +248,7 @@ def run_review(
                     "scan": row[scan_key] if scan_key else None,
                     "mask_path": mask if isinstance(mask, str) and mask else None,
                     "frame": None if pd.isna(row.get("slice", pd.NA)) else int(row["slice"]),
-                    "label": pd.NA if label < 0 else int(label > 0),
+                    "label": pd.NA if label < 0 else label,
                     "prob": float(prob[i]),
                     "rows": int(batch["source_shape"][i, 0]),
                     "cols": int(batch["source_shape"][i, 1]),

@@ -1,40 +1,48 @@
 """``ViTClassifier``: a timm Vision Transformer (arXiv:2010.11929) for CT slices, as a LightningModule.
 
-16x16 patches, learnable position embeddings, a class token, pre-norm blocks; an optional patch head learns
-"is there blood in this patch" from the lesion masks, which teaches a ViT trained from scratch where to look.
+16x16 patches, learnable position embeddings, a class token, pre-norm blocks (the network:
+:mod:`vit_ct.model.network`); an optional patch head learns "is there blood in this patch" from the lesion masks,
+which teaches a ViT trained from scratch where to look. The losses are :mod:`vit_ct.model.losses`, the optimiser's
+groups and schedule :mod:`vit_ct.model.optim`.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import lightning as L
 import timm
 import torch
-import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
-from timm.optim import param_groups_layer_decay, param_groups_weight_decay
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
-from vit_ct.compat import add_position_embeddings
 from vit_ct.data.contract import CHECKPOINT_KEY as INPUT_CONTRACT
 from vit_ct.data.contract import InputContract
-from vit_ct.explain.attention import record_attention, running_tokens
-from vit_ct.explain.localisation import (
-    MAP_SOURCES,
-    LocalisationMetrics,
-    localisation_maps,
-    model_grid_spacing_mm,
-)
+from vit_ct.explain.attention import record_attention
+from vit_ct.explain.localisation import model_grid_spacing_mm
 from vit_ct.explain.maps import Explained, explain_forward
-from vit_ct.explain.rollout import class_token_rollout
-from vit_ct.explain.sink import SinkMetrics, sink_per_slice
-from vit_ct.metrics import classification_metrics
-from vit_ct.stem import ConvStemPatchEmbed
-from vit_ct.weights import check_pretrained_tag, load_state, load_weights, pretrained_state_dict
+from vit_ct.explain.sink import sink_per_slice
+from vit_ct.metrics.classification import classification_metrics
+from vit_ct.metrics.maps import MapMetrics
+from vit_ct.model.losses import attention_loss, classification_loss, patch_loss
+from vit_ct.model.network import AirSkippingViT
+from vit_ct.model.optim import param_groups, warmup_cosine_schedule
+from vit_ct.model.stem import ConvStemPatchEmbed
+from vit_ct.model.weights import check_pretrained_tag, load_state, load_weights, pretrained_state_dict
+
+STAGES = ("val", "test")
+# Hyper-parameters that did not exist when older checkpoints were written, with the value those were trained with
+# (vit-ct's defaults have changed since): put back by on_load_checkpoint.
+BEFORE_THEY_EXISTED = {"mask_air": False, "attention_loss_weight": 0.0}
+
+
+class Losses(NamedTuple):
+    """A batch's loss and its parts; ``logits`` in float32."""
+
+    total: torch.Tensor
+    logits: torch.Tensor
+    parts: dict[str, torch.Tensor]
 
 
 class ViTClassifier(L.LightningModule):
@@ -138,42 +146,50 @@ class ViTClassifier(L.LightningModule):
         optimizer: OptimizerCallable | None = None,
         scheduler: LRSchedulerCallable | None = None,
     ) -> None:
+        arguments = {name: value for name, value in locals().items() if name not in ("self", "__class__")}
         super().__init__()
         if num_classes is None:  # multi-label: one output per named label
             num_classes = len(class_names) if multilabel and class_names else 2
         _check_arguments(
             num_classes, multilabel, img_size, patch_size, class_names, class_weights, label_weights, arch, lr
         )
+        if weights and pretrained:
+            raise ValueError("give --model.weights or --model.pretrained, not both")
         # `weights` is a start point, not part of the model: a checkpoint must load without that file.
-        self.save_hyperparameters(ignore=["optimizer", "scheduler", "weights", "pretrained"])
-        self.hparams.num_classes = num_classes  # resolved (the CLI hands its own config to save_hyperparameters)
+        ignore = ("optimizer", "scheduler", "weights", "pretrained")
+        self.save_hyperparameters(ignore=list(ignore))
+        # The CLI hands save_hyperparameters its own config, which lacks the link targets it did not set: the
+        # hyper-parameters are made every argument the model is built with, so that nothing reads a fallback.
+        self.hparams.update({k: v for k, v in arguments.items() if k not in self.hparams and k not in ignore})
+        self.hparams.num_classes = num_classes  # resolved
         if pretrained:  # the tag's architecture, recorded so that a checkpoint rebuilds it without the hub
             check_pretrained_tag(pretrained)
             self.hparams.pop("pretrained", None)
             self.hparams.update(arch=pretrained.split(".")[0], embed_dim=None, depth=None, num_heads=None)
-        self.task = "multilabel" if multilabel else ("binary" if num_classes == 2 else "multiclass")
+        self.task: Literal["binary", "multiclass", "multilabel"] = (
+            "multilabel" if multilabel else ("binary" if num_classes == 2 else "multiclass")
+        )
         # How the weights see their input; windows and read options become known from the data it is trained on or
         # from the checkpoint it is loaded from (see on_save_checkpoint / on_load_checkpoint).
         self.input_contract = InputContract(img_size, patch_size, in_chans)
-        self.configure_network()
-        self.configure_losses()
-        self.configure_metrics()
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
-        if weights and pretrained:
-            raise ValueError("give --model.weights or --model.pretrained, not both")
+        self.configure_models()
+        self.configure_losses()
+        self.configure_metrics()
         if weights:
             load_weights(self, weights, vit=self.vit)
         if pretrained:
             load_state(self, pretrained_state_dict(pretrained), vit=self.vit, source=f"--model.pretrained {pretrained}")
 
-    def configure_network(self) -> None:
-        """The timm ViT (conv stem or timm's patch embedding) and the patch head of the mask-supervised loss."""
+    def configure_models(self) -> None:
+        """The network (timm's ViT, conv stem or timm's patch embedding, air patches skipping the blocks) and the
+        patch head of the mask-supervised loss."""
         h = self.hparams
         overrides = {"embed_dim": h.embed_dim, "depth": h.depth, "num_heads": h.num_heads}
-        self.vit = timm.create_model(
+        self.vit = AirSkippingViT.create(
             h.arch,
-            pretrained=False,
+            mask_air=h.mask_air,
             img_size=h.img_size,
             patch_size=h.patch_size,
             in_chans=h.in_chans,
@@ -190,37 +206,36 @@ class ViTClassifier(L.LightningModule):
             self.vit.set_grad_checkpointing(True)
 
     def configure_losses(self) -> None:
-        """Per-class (multi-label: per-label positive) loss weights, as a buffer that follows the model's device."""
-        weights = self.hparams.class_weights
+        """The weights of the losses, resolved once (a checkpoint from before a loss existed migrates them in
+        :meth:`on_load_checkpoint`), and the per-class (multi-label: per-label positive) weights, as a buffer that
+        follows the model's device."""
+        h = self.hparams
+        self.patch_loss_weight = float(h.patch_loss_weight)
+        self.attention_loss_weight = float(h.attention_loss_weight)
+        self.attention_target = h.attention_target
+        self.label_smoothing = float(h.label_smoothing)
+        weights = h.class_weights
         self.register_buffer("class_weights", torch.tensor(weights, dtype=torch.float32) if weights else None)
 
     def configure_metrics(self) -> None:
-        """Classification metrics per stage, and rollout against the lesion masks beside two floors it must beat:
-        the image itself and the head mask."""
+        """Classification metrics per stage, and the maps' metrics (:class:`vit_ct.metrics.maps.MapMetrics`): the
+        attention sink, and rollout against the lesion masks beside two floors it must beat, the image and the head."""
         h = self.hparams
         self.metrics = nn.ModuleDict(
             {
                 stage: classification_metrics(
-                    self.task,
-                    h.num_classes,
-                    f"{stage}/",
-                    class_names=h.get("class_names"),
-                    label_weights=h.get("label_weights"),
+                    self.task, h.num_classes, f"{stage}/", class_names=h.class_names, label_weights=h.label_weights
                 )
-                for stage in ("val", "test")
+                for stage in STAGES
             }
         )
-        self.sink = nn.ModuleDict({stage: SinkMetrics(len(self.vit.blocks)) for stage in ("val", "test")})
         spacing = model_grid_spacing_mm(h.img_size)  # for slices whose files give no pixel spacing
-        self.localisation = nn.ModuleDict(
+        self.map_metrics = nn.ModuleDict(
             {
-                stage: nn.ModuleDict(
-                    {
-                        source: LocalisationMetrics(tolerance_mm=h.localisation_tolerance_mm, pixel_spacing_mm=spacing)
-                        for source in MAP_SOURCES
-                    }
+                stage: MapMetrics(
+                    len(self.vit.blocks), tolerance_mm=h.localisation_tolerance_mm, pixel_spacing_mm=spacing
                 )
-                for stage in ("val", "test")
+                for stage in STAGES
             }
         )
 
@@ -230,13 +245,9 @@ class ViTClassifier(L.LightningModule):
         if kwargs.pop("weights_only", True) is not True:
             raise ValueError(f"vit-ct loads checkpoints with weights_only=True only (not {checkpoint_path})")
         return super().load_from_checkpoint(
-            checkpoint_path,
-            map_location=map_location,
-            hparams_file=hparams_file,
-            strict=strict,
-            weights_only=True,
+            checkpoint_path, map_location=map_location, hparams_file=hparams_file, strict=strict, weights_only=True,
             **kwargs,
-        )
+        )  # fmt: skip
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         """Records how the weights see their input (:class:`~vit_ct.data.contract.InputContract`): as the trainer's
@@ -250,48 +261,30 @@ class ViTClassifier(L.LightningModule):
         checkpoint[INPUT_CONTRACT] = self.input_contract.to_dict()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        """A checkpoint decides how its weights see the input: its input contract (input size, windows, read
-        options), and ``mask_air``: one saved before that option existed was trained with every patch as a key,
-        and is run that way, whatever the current default or a config says."""
+        """A checkpoint decides how its weights see the input and how they were trained: its input contract (input
+        size, windows, read options), and the options it predates run as they did then (:data:`BEFORE_THEY_EXISTED`:
+        e.g. one saved before ``mask_air`` existed was trained with every patch as a key, and is run that way,
+        whatever the current default or a config says)."""
         self.input_contract = InputContract.from_checkpoint(checkpoint)
-        self.hparams.mask_air = bool(checkpoint.get("hyper_parameters", {}).get("mask_air", False))
+        saved = checkpoint.get("hyper_parameters", {})
+        missing = {name: value for name, value in BEFORE_THEY_EXISTED.items() if name not in saved}
+        self.hparams.update(missing)
+        self.vit.mask_air = bool(self.hparams.mask_air)
+        self.attention_loss_weight = float(self.hparams.attention_loss_weight)
 
     @property
     def class_names(self) -> list[str]:
         """Names of the outputs: ``class_names`` or ``0``, ``1``, ..."""
         return list(self.hparams.class_names or [str(i) for i in range(self.hparams.num_classes)])
 
+    @property
+    def num_prefix(self) -> int:
+        """Class and register tokens in front of the patch tokens."""
+        return int(self.vit.num_prefix_tokens)
+
     def forward(self, image: torch.Tensor) -> torch.Tensor:
         """Logits ``(B, num_classes)`` for windowed slices ``(B, in_chans, img_size, img_size)``."""
-        return self.vit.forward_head(self.forward_features(image))
-
-    def forward_features(self, image: torch.Tensor, *, checkpoint_blocks: bool = True) -> torch.Tensor:
-        """Tokens ``(B, T, D)`` after the final norm: timm's ``forward_features``, with air patches masked as
-        attention keys when ``mask_air`` (see :func:`attention_keys`). ``checkpoint_blocks=False`` runs every block
-        plainly even with gradient checkpointing on (attention recorded in the graph would be recorded again when a
-        checkpointed block is recomputed in the backward pass)."""
-        vit = self.vit
-        tokens = vit.norm_pre(vit.patch_drop(add_position_embeddings(vit, vit.patch_embed(image))))  # (B, T, D)
-        if not self.hparams.get("mask_air", False):
-            return vit.norm(self._run_blocks(tokens, None, checkpoint_blocks))
-        keys = attention_keys(image, self.hparams.patch_size, vit.num_prefix_tokens)[:, 0, 0]  # (B, T)
-        # Air patches are keys of no token, so nothing they compute reaches another token: they skip the blocks.
-        # The blocks run the tokens that are keys somewhere in the batch (each slice's air among them masked).
-        index = (~keys).long().argsort(dim=1, stable=True)[:, : int(keys.sum(dim=1).max())]  # keys first, in order
-        x = tokens.gather(1, index[..., None].expand(-1, -1, tokens.shape[-1]))
-        with running_tokens(vit, index, tokens.shape[1]):  # recorded attention stays on the full sequence
-            x = self._run_blocks(x, keys.gather(1, index)[:, None, None, :], checkpoint_blocks)
-        return vit.norm(tokens.scatter(1, index[..., None].expand_as(x), x))
-
-    def _run_blocks(self, x: torch.Tensor, keys: torch.Tensor | None, checkpoint_blocks: bool) -> torch.Tensor:
-        # timm's own loop skips gradient checkpointing when given a mask: the blocks are run here instead
-        vit = self.vit
-        for block in vit.blocks:
-            if vit.grad_checkpointing and torch.is_grad_enabled() and checkpoint_blocks:
-                x = checkpoint(block, x, attn_mask=keys, use_reentrant=False)
-            else:
-                x = block(x, attn_mask=keys)
-        return x
+        return self.vit(image)
 
     def probabilities(self, logits: torch.Tensor) -> torch.Tensor:
         """P(lesion) ``(B,)`` for binary, else ``(B, num_classes)``; float32 whatever the autocast dtype."""
@@ -301,80 +294,57 @@ class ViTClassifier(L.LightningModule):
         probs = logits.softmax(-1)
         return probs[:, 1] if self.task == "binary" else probs
 
-    def _losses(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    def losses(self, batch: dict) -> Losses:
+        """The batch's loss: classification, plus the patch loss and the attention loss where the batch holds what
+        they score (lesion masks), each weighted; in float32, also under AMP."""
         image, label = batch["image"], batch["label"]
-        if self.hparams.get("attention_loss_weight", 0.0) > 0:
+        if self.attention_loss_weight > 0:
             with record_attention(self, head_fusion="mean", keep_graph=True) as attentions:
-                tokens = self.forward_features(image, checkpoint_blocks=False)  # (B, T, D)
+                tokens = self.vit.forward_features(image, checkpoint_blocks=False)  # (B, T, D)
         else:
-            attentions, tokens = None, self.forward_features(image)
-        logits = self.vit.forward_head(tokens).float()  # losses and metrics in float32, also under AMP
-        if self.task == "multilabel":
-            loss = F.binary_cross_entropy_with_logits(logits, label.float(), pos_weight=self.class_weights)
-        else:
-            loss = F.cross_entropy(
-                logits, label, weight=self.class_weights, label_smoothing=self.hparams.label_smoothing
-            )
+            attentions, tokens = None, self.vit.forward_features(image)
+        logits = self.vit.forward_head(tokens).float()
+        loss = classification_loss(
+            logits, label, self.task, class_weights=self.class_weights, label_smoothing=self.label_smoothing
+        )
         parts = {"cls_loss": loss.detach()}
+        weighted = []
         if self.patch_head is not None:
-            patch_loss = self._patch_loss(tokens, batch)
-            if patch_loss is not None:
-                parts["patch_loss"] = patch_loss.detach()
-                loss = loss + self.hparams.patch_loss_weight * patch_loss
+            patch_logits = self.patch_head(tokens[:, self.num_prefix :]).squeeze(-1)  # (B, N)
+            part = patch_loss(patch_logits, batch["mask"], batch["has_mask"], label, self.hparams.patch_size)
+            weighted.append(("patch_loss", self.patch_loss_weight, part))
         if attentions:
-            attention_loss = self._attention_loss(attentions, batch)
-            if attention_loss is not None:
-                parts["attention_loss"] = attention_loss.detach()
-                loss = loss + self.hparams.attention_loss_weight * attention_loss
-        return loss, logits, parts
-
-    def _attention_loss(self, attentions: list[torch.Tensor], batch: dict) -> torch.Tensor | None:
-        """Cross-entropy of the lesion's share of each patch against where the class token's attention goes: its
-        attention rollout over the patches (``attention_target="rollout"``, renormalised over the patches) or its
-        attention row in every block (``"class_token"``, averaged over blocks); over the slices whose lesion mask is
-        known and not empty."""
-        scored = batch["has_mask"] & batch["mask"].flatten(1).any(dim=1)
-        if not scored.any():
-            return None
-        target = F.avg_pool2d(batch["mask"][scored].float(), self.hparams.patch_size).flatten(1)  # (b, N)
-        target = target / target.sum(dim=1, keepdim=True)
-        prefix = self.num_prefix
-        attentions = [attention[scored].float() for attention in attentions]  # (b, 1, T, T), rows sum to 1
-
-        def cross_entropy(share: torch.Tensor) -> torch.Tensor:
-            return -(target * share.clamp_min(1e-6).log()).sum(dim=1).mean()
-
-        if self.hparams.get("attention_target", "rollout") == "rollout":
-            grid = self.vit.patch_embed.grid_size
-            rollout = class_token_rollout(attentions, num_prefix_tokens=prefix, grid_size=grid).flatten(1)  # (b, N)
-            return cross_entropy(rollout / rollout.sum(dim=1, keepdim=True).clamp_min(1e-12))
-        return torch.stack([cross_entropy(attention[:, 0, 0, prefix:]) for attention in attentions]).mean()
-
-    def _patch_loss(self, tokens: torch.Tensor, batch: dict) -> torch.Tensor | None:
-        """BCE of each patch token against "this patch holds lesion pixels", on slices whose mask is known."""
-        label = batch["label"]
-        lesion_free = (label.sum(-1) == 0) if self.task == "multilabel" else (label == 0)
-        known = batch["has_mask"] | lesion_free  # a slice without lesion has an empty mask by definition
-        if not known.any():
-            return None
-        patch = self.hparams.patch_size
-        target = (F.max_pool2d(batch["mask"].float(), patch) > 0.5).flatten(1).float()  # (B, N)
-        patch_logits = self.patch_head(tokens[:, self.vit.num_prefix_tokens :]).squeeze(-1).float()  # (B, N)
-        logits, target = patch_logits[known], target[known]
-        losses = F.binary_cross_entropy_with_logits(logits, target, reduction="none")
-        # Lesion patches are ~1% of all: weigh both kinds equally, or "never blood" is the easy minimum.
-        lesion = target > 0.5
-        if lesion.all() or not lesion.any():
-            return losses.mean()
-        return 0.5 * (losses[lesion].mean() + losses[~lesion].mean())
+            part = attention_loss(
+                attentions, batch["mask"], batch["has_mask"], patch_size=self.hparams.patch_size,
+                num_prefix_tokens=self.num_prefix, grid_size=self.vit.patch_embed.grid_size,
+                target=self.attention_target,
+            )  # fmt: skip
+            weighted.append(("attention_loss", self.attention_loss_weight, part))
+        for name, weight, part in weighted:
+            if part is not None:
+                parts[name] = part.detach()
+                loss = loss + weight * part
+        return Losses(loss, logits, parts)
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        loss, _, parts = self._losses(batch)
+        loss, _, parts = self.losses(batch)
         size = batch["image"].shape[0]
         self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, batch_size=size)
         for name, value in parts.items():
             self.log(f"train/{name}", value, on_step=False, on_epoch=True, batch_size=size)
         return loss
+
+    def validation_step(self, batch: dict, batch_idx: int) -> dict[str, torch.Tensor] | None:
+        return self._evaluate(batch, "val")
+
+    def test_step(self, batch: dict, batch_idx: int) -> dict[str, torch.Tensor] | None:
+        return self._evaluate(batch, "test")
+
+    def on_validation_epoch_end(self) -> None:
+        self.log_dict({f"val/{name}": value for name, value in self.map_metrics["val"].compute_and_reset().items()})
+
+    def on_test_epoch_end(self) -> None:
+        self.log_dict({f"test/{name}": value for name, value in self.map_metrics["test"].compute_and_reset().items()})
 
     def _evaluate(self, batch: dict, stage: str) -> dict[str, torch.Tensor] | None:
         keep = batch.get("valid")  # False on samples a distributed sampler repeated to even out the ranks
@@ -384,14 +354,16 @@ class ViTClassifier(L.LightningModule):
         if not len(label):  # a batch of DDP padding only (possible when a split has fewer slices than ranks)
             return None
         # one forward pass for the losses, the metrics and the explanation
-        explained = self._explained(lambda: self._losses(batch), batch["image"].shape)
+        explained = self._explained(lambda: self.losses(batch), batch["image"].shape)
         loss, logits, _ = explained.output
         probs = self.probabilities(logits)
         self.metrics[stage].update(probs, label)
         self.log(f"{stage}/loss", loss, prog_bar=stage == "val", sync_dist=True, batch_size=len(label))
         self.log_dict(self.metrics[stage], prog_bar=stage == "val")
-        self._localise(batch, explained, stage)
-        # the slices' probabilities and rows go to callbacks (per-scan AUROC, vit_ct.scan_metrics)
+        self.map_metrics[stage].update(
+            batch, explained, num_prefix_tokens=self.num_prefix, patch_size=self.hparams.patch_size
+        )
+        # the slices' probabilities and rows go to callbacks (per-scan AUROC, vit_ct.run.scan_auroc)
         return {"loss": loss, "prob": probs.detach(), "index": batch["index"]}
 
     def _explained(self, forward, image_shape) -> Explained:
@@ -402,56 +374,6 @@ class ViTClassifier(L.LightningModule):
             head_fusion=self.hparams.rollout_head_fusion,
             discard_ratio=self.hparams.rollout_discard_ratio,
         )
-
-    def _localise(self, batch: dict, explained: Explained, stage: str) -> None:
-        """The attention sink on every slice; rollout and its floors against the lesion on slices with a known,
-        non-empty mask."""
-        mask, head = batch["mask"][:, 0], batch["head"][:, 0]
-        scored = batch["has_mask"] & mask.flatten(1).any(dim=1)
-        maps = localisation_maps(None, batch, rollout=explained.rollout)
-        self.sink[stage].update(
-            explained.rollout,
-            maps["rollout"],
-            explained.class_attention,
-            head,
-            mask,
-            scored,
-            num_prefix_tokens=self.num_prefix,
-            patch_size=self.hparams.patch_size,
-        )
-        spacing = batch.get("pixel_spacing_mm")  # model grid, when the batch has it
-        for source, source_maps in maps.items():  # each metric scores only the slices with a lesion inside the head
-            self.localisation[stage][source].update(
-                source_maps, mask, head, known=batch["has_mask"], pixel_spacing_mm=spacing
-            )
-
-    def _log_localisation(self, stage: str) -> None:
-        """Logs ``{stage}/{source}_{score}`` for the epoch, unless no slice was scored (e.g. data without masks)."""
-        for source, metrics in self.localisation[stage].items():
-            with warnings.catch_warnings():
-                # every rank joins the sync, also one that scored nothing: its "compute before update" is noise
-                warnings.filterwarnings("ignore", message="The ``compute`` method", category=UserWarning)
-                values = metrics.compute()  # the same on every rank
-            metrics.reset()
-            if values["slices"] > 0:
-                self.log_dict({f"{stage}/{source}_{name}": value.float() for name, value in values.items()})
-        values = self.sink[stage].compute()
-        self.sink[stage].reset()
-        if values["slices"] > 0:
-            values = {name: value for name, value in values.items() if name not in ("slices", "lesion_slices")}
-            self.log_dict({f"{stage}/{name}": value.float() for name, value in values.items() if not value.isnan()})
-
-    def on_validation_epoch_end(self) -> None:
-        self._log_localisation("val")
-
-    def on_test_epoch_end(self) -> None:
-        self._log_localisation("test")
-
-    def validation_step(self, batch: dict, batch_idx: int) -> dict[str, torch.Tensor] | None:
-        return self._evaluate(batch, "val")
-
-    def test_step(self, batch: dict, batch_idx: int) -> dict[str, torch.Tensor] | None:
-        return self._evaluate(batch, "test")
 
     def explain(self, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits and attention rollout ``(B, grid_h, grid_w)`` of a batch from one forward pass (:meth:`explained`)."""
@@ -472,13 +394,8 @@ class ViTClassifier(L.LightningModule):
             out.update(sink_per_slice(explained.rollout, explained.class_attention, batch["head"], self.num_prefix))
         return out
 
-    @property
-    def num_prefix(self) -> int:
-        """Class and register tokens in front of the patch tokens."""
-        return int(self.vit.num_prefix_tokens)
-
     def configure_optimizers(self):
-        groups = self._param_groups()
+        groups = self.param_groups()
         if self.optimizer_factory is not None:
             optimizer = self.optimizer_factory(groups)
         else:
@@ -490,74 +407,11 @@ class ViTClassifier(L.LightningModule):
             "lr_scheduler": warmup_cosine_schedule(optimizer, self.trainer, self.hparams.warmup_epochs),
         }
 
-    def _param_groups(self) -> list[dict]:
-        """timm's groups: no decay on 1-D tensors and ``no_weight_decay()``; optional layer-wise LR decay."""
-        wd, lr = self.hparams.weight_decay, self.hparams.lr
-        skip = self.vit.no_weight_decay()
-        if self.hparams.layer_decay is not None:
-            groups = param_groups_layer_decay(
-                self.vit, weight_decay=wd, no_weight_decay_list=skip, layer_decay=self.hparams.layer_decay
-            )
-            for group in groups:  # torch optimizers ignore timm's `lr_scale`: bake it into the rate
-                group["lr"] = lr * group.pop("lr_scale", 1.0)
-        else:
-            groups = param_groups_weight_decay(self.vit, weight_decay=wd, no_weight_decay_list=skip)
-        if self.patch_head is not None:
-            groups.append({"params": list(self.patch_head.parameters()), "weight_decay": 0.0})
-        return groups
-
-
-def every_token_features(model: ViTClassifier, image: torch.Tensor) -> torch.Tensor:
-    """``model.forward_features`` as timm computes it, every token through every block: air patches (where the model
-    masks them) are masked as keys instead of skipping the blocks. The same class token and logits; the block outputs
-    lie on the full patch grid (what Grad-CAM reads), and it is the reference the skipping is tested and timed against.
-    """
-    vit, hparams = model.vit, model.hparams
-    keys = attention_keys(image, hparams.patch_size, vit.num_prefix_tokens) if hparams.get("mask_air") else None
-    return vit.forward_features(image, attn_mask=keys)
-
-
-# Windowed input at or below this is "nothing here": every window maps air (-1000 HU) to exactly 0.
-EMPTY_LEVEL = 1e-3
-
-
-def attention_keys(image: torch.Tensor, patch_size: int, num_prefix_tokens: int) -> torch.Tensor:
-    """Which tokens may be attended to: every prefix token, and every patch with at least one pixel above the floor
-    of some window (``EMPTY_LEVEL``). Patches at the floor of every window hold only air: HU below all windows.
-
-    Args:
-        image: ``(B, C, H, W)`` windowed input in [0, 1], ``H`` and ``W`` multiples of ``patch_size``.
-        patch_size: side of a patch in pixels.
-        num_prefix_tokens: class and register tokens in front of the patch tokens (always keys).
-
-    Returns:
-        ``(B, 1, 1, T)`` bool, True where a key may be attended to; broadcasts over heads and queries as timm's
-        (and ``scaled_dot_product_attention``'s) boolean ``attn_mask``.
-    """
-    content = F.max_pool2d(image.detach().amax(dim=1, keepdim=True).float(), patch_size) > EMPTY_LEVEL
-    patches = content.flatten(1)  # (B, N)
-    prefix = patches.new_ones(patches.shape[0], num_prefix_tokens)
-    return torch.cat([prefix, patches], dim=1)[:, None, None, :]
-
-
-def warmup_cosine_schedule(optimizer: torch.optim.Optimizer, trainer: L.Trainer, warmup_epochs: float) -> dict:
-    """Lightning's ``lr_scheduler`` entry: :func:`warmup_cosine` per step over the trainer's whole run."""
-    total = max(int(trainer.estimated_stepping_batches), 1)
-    epochs = trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else 1
-    warmup = min(int(warmup_epochs * total / epochs), total - 1)
-    return {"scheduler": torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(warmup, total)), "interval": "step"}
-
-
-def warmup_cosine(warmup_steps: int, total_steps: int):
-    """LR multiplier per step: linear from ~0 to 1 over ``warmup_steps``, then cosine to 0 at ``total_steps``."""
-
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / (warmup_steps + 1)
-        progress = (step - warmup_steps) / max(total_steps - warmup_steps, 1)
-        return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
-
-    return factor
+    def param_groups(self) -> list[dict]:
+        """The optimiser's parameter groups (:func:`vit_ct.model.optim.param_groups`), the patch head's included."""
+        h = self.hparams
+        return param_groups(self.vit, lr=h.lr, weight_decay=h.weight_decay, layer_decay=h.layer_decay,
+                            extra=self.patch_head)  # fmt: skip
 
 
 def _check_arguments(

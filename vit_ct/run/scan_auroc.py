@@ -1,23 +1,16 @@
-"""Scan-level AUROC during validation and test: a scan's probability is the maximum over its slices, and a scan is
-positive when any of its slices is (clinical ICH triage and the CQ500 benchmark score scans, not slices)."""
+"""Scan-level AUROC during validation and test (:mod:`vit_ct.metrics.scans`): a scan's probability is the maximum over
+its slices, and a scan is positive when any of its slices is. A callback: it needs the split's table to group the
+slices of a batch into scans."""
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-import torch
 import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
 
-from vit_ct.scan_results import scan_auroc, scan_column, scan_summary
-
-
-def lesion_scores(probs: torch.Tensor, task: str) -> torch.Tensor:
-    """P(lesion) ``(B,)`` from the model's probabilities: binary as is, multi-class 1 - P(class 0), multi-label the
-    largest label probability (an ``any`` label included)."""
-    if task == "binary":
-        return probs
-    return probs.max(dim=1).values if task == "multilabel" else 1.0 - probs[:, 0]
+from vit_ct.data.labels import lesion_labels
+from vit_ct.metrics.scans import lesion_scores, scan_auroc, scan_column, scan_summary
 
 
 class ScanAUROC(Callback):
@@ -34,7 +27,7 @@ class ScanAUROC(Callback):
 
     def _batch(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
         if isinstance(outputs, dict) and "prob" in outputs:
-            scores = lesion_scores(outputs["prob"].float(), pl_module.task).cpu().tolist()
+            scores = lesion_scores(outputs["prob"].float(), pl_module.task, pl_module.class_names).cpu().tolist()
             self._scores += list(zip(outputs["index"].cpu().tolist(), scores, strict=True))
 
     on_validation_batch_end = on_test_batch_end = _batch
@@ -54,14 +47,13 @@ class ScanAUROC(Callback):
             return
         index, probs = (np.array(v) for v in zip(*dict(scores).items(), strict=True))
         rows = table.iloc[index]
-        labels = rows[table.attrs["label_columns"]].sum(axis=1) if table.attrs.get("label_columns") else rows["label"]
         slices = pd.DataFrame(
             {
                 key: rows[key].to_numpy(),
                 "order": index,
                 "image": rows["image_ref"].to_numpy(),
                 "p_lesion": probs,
-                "positive": (labels > 0).astype("boolean").where(labels.notna()).to_numpy(),
+                "positive": lesion_labels(rows, table.attrs.get("label_columns")).to_numpy(),
             }
         )
         auroc = scan_auroc(scan_summary(slices, key))

@@ -26,9 +26,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_warn
 
-from vit_ct.compat import load_pending_loader_states, save_last_checkpoint, saves_on_train_epoch_end
-from vit_ct.data.filecheck import atomic_write
-from vit_ct.leftovers import remove_leftovers
+from vit_ct.files import atomic_write, remove_leftovers
+from vit_ct.run.compat import load_pending_loader_states, save_last_checkpoint, saves_on_train_epoch_end
 
 WANDB_RUN_ID = "wandb_run_id"  # top-level checkpoint key
 

@@ -12,9 +12,9 @@ from typing import Any
 
 from jsonargparse import Namespace
 
-from vit_ct.checkpoint import read_checkpoint
 from vit_ct.data.contract import InputContract, describe_window
 from vit_ct.data.windows import parse_windows
+from vit_ct.run.checkpoint import read_checkpoint
 
 # Hyper-parameters that shape the network: `fit --model.weights` builds it as the weights' checkpoint did.
 ARCHITECTURE = ("arch", "patch_size", "stem", "embed_dim", "depth", "num_heads", "reg_tokens", "mask_air")

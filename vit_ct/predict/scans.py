@@ -1,6 +1,7 @@
 """Per-scan results of ``vit-ct predict``: ``scans.csv`` (slice probabilities, the scan's probability as the maximum
-over its slices, the slice where it peaks) and, per scan, the rollout volume and the CT as NIfTI on the scan's own
-grid and affine, so that a viewer (3D Slicer, ITK-SNAP) overlays them without registration.
+over its slices, the slice where it peaks: :mod:`vit_ct.metrics.scans`) and, per scan, the rollout volume and the CT
+as NIfTI on the scan's own grid and affine, so that a viewer (3D Slicer, ITK-SNAP) overlays them without
+registration.
 """
 
 from __future__ import annotations
@@ -11,87 +12,16 @@ from pathlib import Path
 import nibabel as nib
 import numpy as np
 import pandas as pd
-import torch
 from lightning.pytorch.callbacks import Callback
-from torchmetrics.functional.classification import binary_auroc
 
-from vit_ct.data.filecheck import atomic_write
+from vit_ct.data.labels import lesion_labels
 from vit_ct.data.manifest import frame_number
 from vit_ct.data.reader import from_display, load_ct_slice
 from vit_ct.data.scans import Scan, find_scans, nifti_scan
 from vit_ct.data.windows import AIR_HU
 from vit_ct.explain.volume_views import render_orthogonal_views
-
-
-def scan_column(table: pd.DataFrame) -> str | None:
-    """The column that names each slice's scan: ``scan`` (scans, or a manifest from ``vit-ct manifest``), else
-    ``patient_id`` (one scan per patient, as in the synthetic set); None when the table has neither."""
-    for column in ("scan", "patient_id"):
-        if column in table.columns and table[column].notna().all():
-            return column
-    return None
-
-
-def lesion_probability(predictions: pd.DataFrame) -> pd.Series:
-    """P(lesion) per slice from ``predictions.csv``: ``prob`` (two classes), 1 - P(first class) for multi-class,
-    ``prob_any`` or else the largest label probability for multi-label."""
-    if "prob" in predictions.columns:
-        return predictions["prob"]
-    columns = [c for c in predictions.columns if c.startswith("prob_")]
-    if "prob_any" in columns:
-        return predictions["prob_any"]
-    if any(c.startswith("label_") for c in predictions.columns):  # multi-label: independent outputs
-        return predictions[columns].max(axis=1)
-    return 1.0 - predictions[columns[0]]
-
-
-def slice_positive(predictions: pd.DataFrame) -> pd.Series:
-    """Whether each slice holds a lesion (label > 0, or any multi-label column 1); <NA> where unknown."""
-    if "label" in predictions.columns:
-        return (predictions["label"] > 0).astype("boolean").where(predictions["label"].notna())
-    columns = [c for c in predictions.columns if c.startswith("label_")]
-    if not columns:
-        return pd.Series(pd.NA, index=predictions.index, dtype="boolean")
-    known = predictions[columns].notna().all(axis=1)
-    return (predictions[columns].fillna(0).sum(axis=1) > 0).astype("boolean").where(known)
-
-
-def scan_summary(slices: pd.DataFrame, key: str) -> pd.DataFrame:
-    """One row per scan from per-slice rows (``key``, ``order``, ``image``, ``p_lesion``, ``positive``).
-
-    Columns: ``scan``, ``n_slices``, ``prob`` (the maximum of the slices' P(lesion): a scan holds a lesion when one
-    slice does), ``peak_slice`` (index along the scan, as ``k`` of the NIfTI volume), ``peak_image``,
-    ``slice_probs`` (';'-separated, in scan order), and ``label`` (1 when any slice is positive, 0 when all are
-    negative, empty when a slice's label is unknown).
-    """
-    rows = []
-    for scan, group in slices.sort_values([key, "order"]).groupby(key, sort=False):
-        probs = group["p_lesion"].to_numpy(dtype=float)
-        peak = int(np.argmax(probs))
-        known = group["positive"].notna().all()
-        rows.append(
-            {
-                "scan": scan,
-                "n_slices": len(group),
-                "prob": float(probs[peak]),
-                "peak_slice": peak,
-                "peak_image": group["image"].iloc[peak],
-                "label": int(group["positive"].any()) if known else pd.NA,
-                "slice_probs": ";".join(f"{p:.4f}" for p in probs),
-            }
-        )
-    table = pd.DataFrame(rows)
-    table["label"] = table["label"].astype("Int64")
-    return table
-
-
-def scan_auroc(scans: pd.DataFrame) -> float:
-    """AUROC of the scans' probabilities against their labels (NaN without both classes)."""
-    known = scans[scans["label"].notna()]
-    if known["label"].nunique() < 2:
-        return float("nan")
-    return float(binary_auroc(torch.tensor(known["prob"].to_numpy(float)), torch.tensor(known["label"].to_numpy(int))))
-
+from vit_ct.files import atomic_write
+from vit_ct.metrics.scans import lesion_probability, scan_column, scan_summary
 
 # ------------------------------------------------------------------------------------------------------- NIfTI
 
@@ -140,9 +70,18 @@ def group_scan(images: list[str]) -> Scan | None:
     return scans[0] if len(scans) == 1 else None
 
 
+def prediction_labels(predictions: pd.DataFrame, pl_module) -> pd.Series:
+    """Each row's lesion label (:func:`vit_ct.data.labels.lesion_labels`) from ``predictions.csv``'s ``label`` or,
+    multi-label, ``label_<name>`` columns (written where known); <NA> where unknown."""
+    if pl_module.task != "multilabel":
+        return lesion_labels(predictions)
+    columns = [f"label_{name}" for name in pl_module.class_names]
+    return lesion_labels(predictions.reindex(columns=columns), columns)
+
+
 class ScanResultsWriter(Callback):
-    """After :class:`vit_ct.prediction.PredictionWriter` has written ``predictions.csv``: ``scans.csv`` and, per scan
-    with a known geometry, ``scans/<scan>_ct.nii.gz``, ``scans/<scan>_rollout.nii.gz`` and a three-view PNG
+    """After :class:`vit_ct.predict.writer.PredictionWriter` has written ``predictions.csv``: ``scans.csv`` and, per
+    scan with a known geometry, ``scans/<scan>_ct.nii.gz``, ``scans/<scan>_rollout.nii.gz`` and a three-view PNG
     ``scans/<scan>_views.png``; files ``data.scans`` left out go to ``skipped.csv``. Rank 0 only.
 
     Args:
@@ -182,8 +121,8 @@ class ScanResultsWriter(Callback):
                 "path": table["image"].to_numpy(),
                 "frame": table["slice"].to_numpy() if "slice" in table.columns else None,
                 "rollout": predictions["rollout"].to_numpy(),
-                "p_lesion": lesion_probability(predictions).to_numpy(),
-                "positive": slice_positive(predictions).to_numpy(),
+                "p_lesion": lesion_probability(predictions, pl_module.task, pl_module.class_names).to_numpy(),
+                "positive": prediction_labels(predictions, pl_module).to_numpy(),
             }
         )
         known = {s.scan_id: s for s in getattr(datamodule, "found_scans", [])} if key == "scan" else {}

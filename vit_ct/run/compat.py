@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 from jsonargparse import ArgumentParser
+from lightning.fabric.plugins.precision import precision as precision_module
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import WandbLogger
@@ -18,16 +19,17 @@ from timm.models import VisionTransformer
 
 # Checked on the declared floors (pyproject.toml, `make floors`) and on the newest releases of the day.
 CHECKED_ON = {
-    "lightning": ("2.6.6",),
-    "jsonargparse": ("4.53.0",),
-    "wandb": ("0.31.0",),
+    "lightning": ("2.6.0", "2.6.6"),
+    "jsonargparse": ("4.51.0", "4.53.0"),  # the error-message format summarise_parser_error reads: 4.51 and newer
+    "wandb": ("0.23.1", "0.31.0"),
     "timm": ("1.0.31",),
-    "torch": ("2.14.1",),
+    "torch": ("2.5.0", "2.14.1"),
 }
 
 # (owner, name, why vit-ct needs it); `owner` is a class or module, or a callable giving an instance to look at.
 PRIVATE_NAMES: list[tuple[Any, str, str]] = [
     (LightningCLI, "_parse_ckpt_path", "overridden: a bad --ckpt_path is named before torch.load fails without it"),
+    (LightningCLI, "_get", "the trainer's config as instantiated, to see whether the user chose a CheckpointIO"),
     (ModelCheckpoint, "_save_monitor_checkpoint", "overridden: a NaN val/auroc never makes a best checkpoint"),
     (ModelCheckpoint, "_save_last_checkpoint", "last.ckpt refreshed at every validation, not only with a new best"),
     (ModelCheckpoint, "_monitor_candidates", "the metrics last.ckpt's name and monitor read"),
@@ -36,7 +38,8 @@ PRIVATE_NAMES: list[tuple[Any, str, str]] = [
     (_FitLoop, "_load_combined_loader_states", "a resumed loader's state applied before its first batch"),
     (ArgumentParser, "_subcommands_action", "predict's own defaults, to tell the default logger from a chosen one"),
     (lambda: WandbLogger(project="vit-ct", offline=True), "_wandb_init", "wandb.init's arguments: drop `anonymous`"),
-    (VisionTransformer, "_pos_embed", "the air-skipping forward adds position embeddings as timm's forward does"),
+    (VisionTransformer, "_pos_embed", "inherited by the air-skipping network, whose forward_features is timm's own"),
+    (precision_module, "_PRECISION_INPUT", "the Trainer's precision type, extended by 'auto'"),
     (torch.cpu, "_is_avx512_bf16_supported", "native bf16 on x86 (AVX512-BF16), for precision auto"),
     (torch.cpu, "_is_amx_tile_supported", "native bf16 on x86 (AMX), for precision auto"),
     (torch.ops.mkldnn, "_is_mkldnn_bf16_supported", "native bf16 on Arm, for precision auto"),
@@ -80,9 +83,7 @@ def saves_on_train_epoch_end(callback: ModelCheckpoint, trainer) -> bool:
     return callback._should_save_on_train_epoch_end(trainer)
 
 
-def add_position_embeddings(vit: VisionTransformer, tokens: torch.Tensor) -> torch.Tensor:
-    """timm's ``_pos_embed``: prefix tokens prepended, position embeddings added (dynamic sizes included)."""
-    return vit._pos_embed(tokens)
+PrecisionInput = precision_module._PRECISION_INPUT  # the values Lightning's Trainer takes for `precision`
 
 
 def cpu_bf16_instructions() -> tuple[bool, bool]:

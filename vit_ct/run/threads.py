@@ -13,7 +13,7 @@ import os
 
 import torch
 
-from vit_ct.hardware import usable_cpus
+from vit_ct.run.hardware import usable_cpus
 
 THREADS, WAIT_POLICY = "OMP_NUM_THREADS", "OMP_WAIT_POLICY"
 # What the user set before vit-ct was imported (a DDP rank started by vit-ct sees its parent's choice here).

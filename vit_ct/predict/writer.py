@@ -16,13 +16,12 @@ import numpy as np
 import pandas as pd
 from lightning.pytorch.callbacks import BasePredictionWriter
 
-from vit_ct.data.filecheck import atomic_write
 from vit_ct.data.grid import to_source_grid
 from vit_ct.data.manifest import manifest_frame
 from vit_ct.data.reader import load_ct_slice, load_mask
 from vit_ct.explain.overlay import render_overlay, save_png
-from vit_ct.interrupts import deferred_interrupts
-from vit_ct.leftovers import remove_leftovers
+from vit_ct.files import atomic_write, remove_leftovers
+from vit_ct.run.interrupts import deferred_interrupts
 
 
 def _slug(text: str) -> str:

@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Literal
 
 import lightning as L
-from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT
 from lightning.pytorch.accelerators import Accelerator
 from lightning.pytorch.utilities import rank_zero_info
 
-from vit_ct.hardware import AUTO, accelerator_name, resolve_precision
+from vit_ct.run.compat import PrecisionInput
+from vit_ct.run.hardware import AUTO, accelerator_name, resolve_precision
 
 
 class Trainer(L.Trainer):
@@ -26,7 +26,7 @@ class Trainer(L.Trainer):
         self,
         *,
         accelerator: str | Accelerator = AUTO,
-        precision: _PRECISION_INPUT | Literal["auto"] | None = AUTO,
+        precision: PrecisionInput | Literal["auto"] | None = AUTO,
         **kwargs,
     ) -> None:
         precision, reason = resolve_precision(precision, accelerator_name(accelerator))

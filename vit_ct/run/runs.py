@@ -8,10 +8,10 @@ import os
 import shutil
 from pathlib import Path
 
-from lightning.pytorch import Trainer
+from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.loggers import WandbLogger
 
-from vit_ct.data.filecheck import atomic_write
+from vit_ct.files import atomic_write
 
 LATEST_SUMMARY = Path("runs/latest/summary.json")  # from the project folder, where `make demo` runs
 
@@ -62,3 +62,13 @@ def remove_run_without_checkpoint(folder: Path) -> bool:
         return False
     shutil.rmtree(folder, ignore_errors=True)
     return True
+
+
+class BadFilesReport(Callback):
+    """Writes the manifest rows the data module skipped (``on_bad_file="skip"``) to ``bad_files.csv`` in the run
+    folder, on rank 0, once the run (and so its folder) exists: after the data module's ``setup``."""
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        report = getattr(trainer.datamodule, "report_bad_rows", None)
+        if report is not None and trainer.is_global_zero:
+            report(run_dir(trainer))

@@ -10,9 +10,9 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_warn
 
+from vit_ct.data.labels import lesion_rows
 from vit_ct.explain.localisation import upsampled_rollout
 from vit_ct.explain.overlay import render_overlay
-from vit_ct.runs import run_dir
 
 # `render_overlay` windows HU; the model input is already windowed to [0, 1], which this window leaves unchanged.
 IDENTITY_WINDOW = (0.5, 1.0)
@@ -26,12 +26,6 @@ def _split_dataset(trainer, split: str):
     """The datamodule's preprocessed dataset of ``split`` (``CTSliceDataModule.datasets``), or None."""
     dataset = getattr(trainer.datamodule, "datasets", {}).get(split)
     return dataset if hasattr(dataset, "load") else None
-
-
-def _positive(table, label_columns) -> np.ndarray:
-    if label_columns:
-        return table[label_columns].to_numpy().sum(axis=1) > 0
-    return table["label"].to_numpy() != 0
 
 
 def _has_mask(table) -> np.ndarray:
@@ -80,7 +74,7 @@ class RolloutOverlayCallback(Callback):
         self.val_indices: list[int] | None = None
 
     def _choose_val_slices(self, dataset) -> list[int]:
-        positive = _positive(dataset.table, dataset.label_columns)
+        positive = lesion_rows(dataset.table, dataset.label_columns)
         chosen = np.flatnonzero(positive & _has_mask(dataset.table))[: self.n_slices]
         negatives = np.flatnonzero(~positive)[: self.n_negatives]
         return sorted(int(i) for i in np.concatenate([chosen, negatives]))
@@ -169,13 +163,3 @@ def _format_prob(prob: float | list[float]) -> str | float:
     if isinstance(prob, float):
         return round(prob, 4)
     return ", ".join(f"{p:.3f}" for p in prob)
-
-
-class BadFilesReport(Callback):
-    """Writes the manifest rows the data module skipped (``on_bad_file="skip"``) to ``bad_files.csv`` in the run
-    folder, on rank 0, once the run (and so its folder) exists: after the data module's ``setup``."""
-
-    def setup(self, trainer, pl_module, stage: str) -> None:
-        report = getattr(trainer.datamodule, "report_bad_rows", None)
-        if report is not None and trainer.is_global_zero:
-            report(run_dir(trainer))

@@ -1,5 +1,5 @@
-"""What the last ``vit-ct fit`` left behind, for scripts and ``make demo``: ``python -m vit_ct.summary KEY`` prints one
-value of ``runs/latest/summary.json``; ``python -m vit_ct.summary report OUT`` prints where everything is.
+"""What the last ``vit-ct fit`` left behind, for scripts and ``make demo``: ``python -m vit_ct.run.summary KEY`` prints
+one value of ``runs/latest/summary.json``; ``python -m vit_ct.run.summary report OUT`` prints where everything is.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from vit_ct.runs import LATEST_SUMMARY
+from vit_ct.run.runs import LATEST_SUMMARY
 
 LOCALISATION = ("pointing", "energy", "mask_fraction", "energy_ratio", "pixel_auroc")
 
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"{LATEST_SUMMARY} has no {args[0]!r}")
         print(value)
     else:
-        raise SystemExit("usage: python -m vit_ct.summary KEY | report OUTPUT_DIR")
+        raise SystemExit("usage: python -m vit_ct.run.summary KEY | report OUTPUT_DIR")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from vit_ct.compat import cpu_bf16_instructions, mkldnn_bf16_supported
+from vit_ct.run.compat import cpu_bf16_instructions, mkldnn_bf16_supported
 
 AUTO = "auto"
 

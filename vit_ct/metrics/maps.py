@@ -1,0 +1,63 @@
+"""The metrics of the maps in one stage (validation or test), as torchmetrics states synced across DDP ranks: the
+attention sink on every slice, and the rollout (arXiv:2005.00928) against the lesion beside its two floors, the
+image itself and the head mask, on slices with a known, non-empty lesion mask."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import nn
+
+from vit_ct.explain.localisation import MAP_SOURCES, LocalisationMetrics, localisation_maps
+from vit_ct.explain.maps import Explained
+from vit_ct.explain.sink import SinkMetrics
+
+
+class MapMetrics(nn.Module):
+    """Sink and localisation metrics of one stage.
+
+    Args:
+        depth: Blocks of the network (the sink is measured per block).
+        tolerance_mm: Pointing-game tolerance, mm on each slice's own pixel spacing.
+        pixel_spacing_mm: mm per model-grid pixel for slices whose files give no spacing.
+    """
+
+    def __init__(self, depth: int, *, tolerance_mm: float, pixel_spacing_mm: float) -> None:
+        super().__init__()
+        self.sink = SinkMetrics(depth)
+        metrics = {
+            s: LocalisationMetrics(tolerance_mm=tolerance_mm, pixel_spacing_mm=pixel_spacing_mm) for s in MAP_SOURCES
+        }
+        self.localisation = nn.ModuleDict(metrics)
+
+    def update(self, batch: dict, explained: Explained, *, num_prefix_tokens: int, patch_size: int) -> None:
+        """The attention sink on every slice of ``batch``; rollout and its floors against the lesion on slices with a
+        known, non-empty mask (each metric scores only the slices with a lesion inside the head)."""
+        mask, head = batch["mask"][:, 0], batch["head"][:, 0]
+        scored = batch["has_mask"] & mask.flatten(1).any(dim=1)
+        maps = localisation_maps(None, batch, rollout=explained.rollout)
+        self.sink.update(explained.rollout, maps["rollout"], explained.class_attention, head, mask, scored,
+                         num_prefix_tokens=num_prefix_tokens, patch_size=patch_size)  # fmt: skip
+        spacing = batch.get("pixel_spacing_mm")  # model grid, when the batch has it
+        for source, source_maps in maps.items():
+            self.localisation[source].update(source_maps, mask, head, known=batch["has_mask"], pixel_spacing_mm=spacing)
+
+    def compute_and_reset(self) -> dict[str, torch.Tensor]:
+        """The epoch's values, keyed ``{source}_{score}`` (e.g. ``rollout_pointing``) and by sink measure
+        (``rollout_air``, ``cls_prefix_block0``, ...); none of a kind when no slice was scored (data without masks)."""
+        values = {}
+        for source, metrics in self.localisation.items():
+            with warnings.catch_warnings():
+                # every rank joins the sync, also one that scored nothing: its "compute before update" is noise
+                warnings.filterwarnings("ignore", message="The ``compute`` method", category=UserWarning)
+                scores = metrics.compute()  # the same on every rank
+            metrics.reset()
+            if scores["slices"] > 0:
+                values.update({f"{source}_{name}": value.float() for name, value in scores.items()})
+        sink = self.sink.compute()
+        self.sink.reset()
+        if sink["slices"] > 0:
+            counts = ("slices", "lesion_slices")
+            values.update({name: v.float() for name, v in sink.items() if name not in counts and not v.isnan()})
+        return values

@@ -1,0 +1,88 @@
+"""Scans: P(lesion) of a slice defined once (training, predict and the review share it), and the scan-level
+results built from slices: a scan's probability is its most suspicious slice's, and a scan is positive when any of its
+slices is (clinical ICH triage and the CQ500 benchmark score scans, not slices)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+import torch
+from torchmetrics.functional.classification import binary_auroc
+
+Task = Literal["binary", "multiclass", "multilabel"]
+ANY = "any"  # the label of RSNA 2019 (and of any multi-label set that names one) that says "some lesion"
+
+
+def lesion_scores(probs: torch.Tensor, task: Task, class_names: Sequence[str] | None = None) -> torch.Tensor:
+    """P(lesion) ``(B,)`` from the model's probabilities: binary as they are, multi-class 1 - P(class 0),
+    multi-label the ``any`` label where there is one, else the largest label probability.
+
+    Args:
+        probs: ``(B,)`` for binary, ``(B, num_classes)`` otherwise (:meth:`ViTClassifier.probabilities`).
+        task: ``binary``, ``multiclass`` or ``multilabel``.
+        class_names: the outputs' names (multi-label: the label columns).
+    """
+    if task == "binary":
+        return probs
+    if task == "multiclass":
+        return 1.0 - probs[:, 0]
+    names = list(class_names or [])
+    return probs[:, names.index(ANY)] if ANY in names else probs.max(dim=1).values
+
+
+def lesion_probability(predictions: pd.DataFrame, task: Task, class_names: Sequence[str]) -> pd.Series:
+    """:func:`lesion_scores` of the rows of a ``predictions.csv`` (``prob``, or a ``prob_<name>`` column per output)."""
+    if task == "binary":
+        probs = torch.as_tensor(predictions["prob"].to_numpy(dtype=np.float64))
+    else:
+        probs = torch.as_tensor(predictions[[f"prob_{name}" for name in class_names]].to_numpy(dtype=np.float64))
+    return pd.Series(lesion_scores(probs, task, class_names).numpy(), index=predictions.index)
+
+
+def scan_column(table: pd.DataFrame) -> str | None:
+    """The column that names each slice's scan: ``scan`` (scans, or a manifest from ``vit-ct manifest``), else
+    ``patient_id`` (one scan per patient, as in the synthetic set); None when the table has neither."""
+    for column in ("scan", "patient_id"):
+        if column in table.columns and table[column].notna().all():
+            return column
+    return None
+
+
+def scan_summary(slices: pd.DataFrame, key: str) -> pd.DataFrame:
+    """One row per scan from per-slice rows (``key``, ``order``, ``image``, ``p_lesion``, ``positive``).
+
+    Columns: ``scan``, ``n_slices``, ``prob`` (the maximum of the slices' P(lesion): a scan holds a lesion when one
+    slice does), ``peak_slice`` (index along the scan, as ``k`` of the NIfTI volume), ``peak_image``,
+    ``slice_probs`` (';'-separated, in scan order), and ``label`` (1 when any slice is positive, 0 when all are
+    negative, empty when a slice's label is unknown).
+    """
+    rows = []
+    for scan, group in slices.sort_values([key, "order"]).groupby(key, sort=False):
+        probs = group["p_lesion"].to_numpy(dtype=float)
+        peak = int(np.argmax(probs))
+        known = group["positive"].notna().all()
+        rows.append(
+            {
+                "scan": scan,
+                "n_slices": len(group),
+                "prob": float(probs[peak]),
+                "peak_slice": peak,
+                "peak_image": group["image"].iloc[peak],
+                "label": int(group["positive"].any()) if known else pd.NA,
+                "slice_probs": ";".join(f"{p:.4f}" for p in probs),
+            }
+        )
+    table = pd.DataFrame(rows)
+    table["label"] = table["label"].astype("Int64")
+    return table
+
+
+def scan_auroc(scans: pd.DataFrame) -> float:
+    """AUROC of the scans' probabilities against their labels (NaN without both classes)."""
+    known = scans[scans["label"].notna()]
+    if known["label"].nunique() < 2:
+        return float("nan")
+    return float(binary_auroc(torch.tensor(known["prob"].to_numpy(float)), torch.tensor(known["label"].to_numpy(int))))
