@@ -1,11 +1,12 @@
 # Two commands: `make demo` (synthetic head CT -> ViT -> predictions and rollout maps) and `make test`.
+# `make floors`: a fast subset of the tests on every dependency at the lowest version pyproject.toml allows.
 VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 OUT ?= outputs/demo
 ARGS ?=  # extra vit-ct arguments for the demo's fit and predict (tests/test_readme.py passes tiny sizes)
 
-.PHONY: demo review test lint format clean
+.PHONY: demo review test floors lint format clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +27,36 @@ review: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(BIN)/python -m pytest
+
+# A fresh venv every time, every floor of pyproject.toml pinned (.ci/floors.py writes the constraints; whatever the
+# floors leave open resolves to its newest release), the package installed as a user gets it (not editable).
+FLOORS_VENV := .venv-floors
+FLOORS_PYTHON ?= $(PYTHON)  # e.g. python3.10, the lowest Python pyproject.toml allows
+FLOORS_DEV := pytest scikit-learn pydicom-data  # the dev extras the subset imports (sklearn, pydicom's test files)
+# Import and layering, every private name vit_ct.compat lists, the model against timm, attention recording and
+# rollout against hand-computed references, checkpoints (save, load, input contract, resume), the CLI (every config,
+# fit -> predict through the real command, bad input), W&B media, DICOM / NIfTI reading against pydicom.
+# test_states_merge_like_ddp is left out: only the test uses Metric.merge_state (torchmetrics 1.6); DDP reaches the
+# same states through torchmetrics' own sync, present in 1.4.
+FLOORS_TESTS := tests/test_layout.py tests/test_compat.py tests/test_model.py tests/test_attention.py \
+	tests/test_rollout.py tests/test_sink.py tests/test_checkpoint.py tests/test_contract.py \
+	tests/test_last_checkpoint.py tests/test_cli.py tests/test_failures.py tests/test_callbacks.py tests/test_reader.py \
+	tests/test_localisation.py tests/test_datamodule.py tests/test_windows.py \
+	--deselect tests/test_localisation.py::test_states_merge_like_ddp
+FLOORS_SLOW_TESTS := tests/test_cli.py::test_fit_then_predict_through_the_real_command \
+	tests/test_checkpoint.py::test_resume_after_sigkill_matches_an_uninterrupted_run \
+	tests/test_failures.py::test_an_error_prints_its_message_not_a_traceback \
+	tests/test_failures.py::test_a_run_logs_no_wandb_deprecation_noise_nor_lightnings_advertisement
+
+floors:
+	rm -rf $(FLOORS_VENV) build  # build/: setuptools' copy of the package, which could keep removed modules
+	$(FLOORS_PYTHON) -m venv $(FLOORS_VENV)
+	$(FLOORS_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(PYTHON) .ci/floors.py dev > $(FLOORS_VENV)/constraints.txt
+	$(FLOORS_VENV)/bin/python -m pip install --quiet -c $(FLOORS_VENV)/constraints.txt . $(FLOORS_DEV)
+	$(FLOORS_VENV)/bin/python -m pip check
+	$(FLOORS_VENV)/bin/pytest -m "not slow" $(FLOORS_TESTS)
+	$(FLOORS_VENV)/bin/pytest $(FLOORS_SLOW_TESTS)
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
