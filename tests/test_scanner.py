@@ -6,13 +6,8 @@ import torch
 from skimage.data import shepp_logan_phantom
 from skimage.transform import iradon, radon, resize
 
-from vit_ct.sim.scanner import (
-    FILTER_NAMES,
-    default_angles,
-    filtered_back_projection,
-    forward_project,
-    simulate_acquisition,
-)
+from vit_ct.sim.projector import FILTER_NAMES, default_angles, filtered_back_projection, forward_project
+from vit_ct.sim.scanner import simulate_acquisition
 
 N = 65  # odd: skimage's rotation centre (N // 2) is then the geometric centre, so samples line up exactly
 THETA_DEG = np.arange(0, 180, 2.0)
