@@ -62,6 +62,7 @@ def draw_bleed(
     small_fraction: float,
     small_radius_mm: tuple[float, float] = (1.5, 4.0),
     slice_thickness_mm: float | None = None,
+    one_hemisphere: bool = False,
 ) -> Bleed:
     """Draw one bleed of `kind` for the slice of geometry `g` (the demo's phantom draws them in this order).
 
@@ -75,6 +76,7 @@ def draw_bleed(
         small_fraction: share only a few mm across or thick.
         small_radius_mm: radius range of small intraparenchymal bleeds.
         slice_thickness_mm: for thick slices: also draw the bleed's height and where the slice cuts it.
+        one_hemisphere: keep intraparenchymal bleeds off the midline (the falx separates the hemispheres).
     """
     low, high = hu_range
     small = rng.random() < small_fraction
@@ -84,7 +86,8 @@ def draw_bleed(
     if kind == "intraparenchymal":
         radius = rng.uniform(*small_radius_mm) if small else rng.uniform(4, 25) * g.fit
         brain = g.depth_brain >= 0
-        candidates = np.flatnonzero(brain & (g.depth_brain > 1.2 * radius + 2))
+        room = brain & (g.depth_brain > 1.2 * radius + 2)
+        candidates = np.flatnonzero(room & (np.abs(g.x) > 1.1 * radius + 2) if one_hemisphere else room)
         if candidates.size == 0:
             candidates = np.flatnonzero(g.depth_brain >= g.depth_brain.max() - 1)
         pixel = np.unravel_index(rng.choice(candidates), g.r.shape)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vit_ct.sim.anatomy import Anatomy, Geometry, Tissue, ellipse, wrap_angle
+from vit_ct.sim.anatomy import Anatomy, Geometry, Tissue, wrap_angle
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ def paint_lookalikes(lookalikes: list[Lookalike], g: Geometry, anatomy: Anatomy)
             reach = spot.size * g.fit * np.clip(1 - u**2, 0, None)
             masks.append((np.abs(u) < 1) & (g.depth_inner >= -1) & (g.depth_inner < reach))
         else:
-            masks.append(ellipse(g.x, g.y, spot.centre, (spot.size, spot.size)))
+            masks.append(g.ellipse(spot.centre, (spot.size, spot.size)))
     for spot, mask in zip(lookalikes, masks, strict=True):
         anatomy.tissue[mask] = Tissue.PARTIAL_BONE if spot.kind == "skull base" else Tissue.CALCIFICATION
         anatomy.hu[mask] = spot.hu

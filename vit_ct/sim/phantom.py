@@ -12,7 +12,7 @@ import torch
 from vit_ct.sim.anatomy import Geometry, HeadFrame, HeadShape, Tissue, draw_anatomy, sample_head
 from vit_ct.sim.bleed import BLEED_TYPES, draw_bleed, paint_bleed
 from vit_ct.sim.lookalike import draw_lookalikes, paint_lookalikes
-from vit_ct.sim.projector import FILTER_NAMES
+from vit_ct.sim.projector import FILTER_NAMES, scan_circle
 from vit_ct.sim.scanner import simulate_acquisition
 
 __all__ = [  # the anatomy's names, importable from here as before
@@ -183,9 +183,7 @@ def simulate_slices(
         )
         hu_scanned, field_of_view = scan.hu.numpy(), scan.field_of_view.numpy()
     else:
-        offsets = np.arange(config.size) - (config.size - 1) / 2
-        inside = offsets[:, None] ** 2 + offsets[None, :] ** 2 <= (config.size // 2) ** 2
-        hu_scanned, field_of_view = hu_true, np.broadcast_to(inside, hu_true.shape)
+        hu_scanned, field_of_view = hu_true, np.broadcast_to(scan_circle(config.size, "cpu").numpy(), hu_true.shape)
     return [
         SimulatedSlice(
             hu=hu_scanned[i].copy(),

@@ -11,6 +11,7 @@ of `skimage.transform.radon` / `iradon` (circle=True) so the two agree sample fo
 # ~4 ms per slice each way in batches of 16, measured by benchmarks/simulator_throughput.py; slower for one slice).
 
 import math
+import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -119,13 +120,15 @@ class _SparseRows:
         """`M[rows] @ dense`: `(R, n_cols) @ (n_cols, B)`, float32."""
         start, stop, _ = rows.indices(self.n_rows)
         first, last = int(self.crow[start]), int(self.crow[stop])
-        block = torch.sparse_csr_tensor(
-            self.crow[start : stop + 1] - first,
-            self.col[first:last],
-            self.value[first:last],
-            (stop - start, self.n_cols),
-            check_invariants=False,
-        )
+        with warnings.catch_warnings():  # torch calls its CSR support beta, once per process
+            warnings.filterwarnings("ignore", "Sparse CSR tensor support is in beta", UserWarning)
+            block = torch.sparse_csr_tensor(
+                self.crow[start : stop + 1] - first,
+                self.col[first:last],
+                self.value[first:last],
+                (stop - start, self.n_cols),
+                check_invariants=False,
+            )
         return block @ dense
 
 

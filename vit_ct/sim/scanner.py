@@ -27,13 +27,23 @@ class Reconstruction(NamedTuple):
     field_of_view: torch.Tensor
 
 
-def gaussian_blur(image: torch.Tensor, sigma_px: float) -> torch.Tensor:
-    """Separable Gaussian blur of `(B, H, W)` images, sigma in pixels, zero-padded; 0 returns the input."""
+def gaussian_blur(image: torch.Tensor, sigma_px: float, *, by_shifts: bool = False) -> torch.Tensor:
+    """Separable Gaussian blur of `(B, H, W)` images, sigma in pixels, zero-padded; 0 returns the input.
+
+    `by_shifts` sums shifted copies instead of calling conv2d: equal to ~1e-7 and 4-8x faster on CPU (torch's
+    single-channel conv2d is slow: 7-9 vs 1-2 ms per 256 px slice, batches of 16, one thread).
+    """
     if sigma_px <= 0:
         return image
     radius = max(1, math.ceil(3 * sigma_px))
     taps = torch.exp(-0.5 * (torch.arange(-radius, radius + 1, dtype=image.dtype) / sigma_px) ** 2)
     taps = taps / taps.sum()
+    if by_shifts:
+        H, W = image.shape[-2:]
+        rows = F.pad(image, (radius, radius))
+        image = sum(rows[..., k : k + W] * tap for k, tap in enumerate(taps))
+        columns = F.pad(image, (0, 0, radius, radius))
+        return sum(columns[..., k : k + H, :] * tap for k, tap in enumerate(taps))
     rows = F.conv2d(image[:, None], taps.view(1, 1, 1, -1), padding=(0, radius))
     return F.conv2d(rows, taps.view(1, 1, -1, 1), padding=(radius, 0))[:, 0]
 
@@ -124,7 +134,8 @@ def simulate_acquisition(
         motion: `(B, K, 3)` poses of the object during K equal groups of views (see `moved_frames`); None: still.
         hu_gain: calibration gain error, for the batch or `(B,)`: reconstructed HU are multiplied by it ...
         hu_offset: ... and shifted by this many HU (water reads `hu_offset`), inside the field of view.
-        method: projector, "sampled" or "matrix" (see `vit_ct.sim.projector`; matrix is faster for batches).
+        method: numerical path: "sampled" (the demo's, stable bit for bit) or "matrix" (the projector's sparse
+            matrices, see `vit_ct.sim.projector`, and a blur by shifts; ~3x faster for batches, equal to ~1e-6).
 
     Returns:
         Reconstruction with `hu` shaped like the input.
@@ -136,7 +147,8 @@ def simulate_acquisition(
     angles = default_angles(n_angles or max(64, H // 2))
     # Blurred in the image, not along the detector (equal in theory): bilinear ray sampling of a pixel-sharp image
     # aliases more (measured: 2.5 vs 1.8 HU of streaks in white matter).
-    mu = gaussian_blur((MU_WATER_PER_MM * (1 + hu / 1000)).clamp(min=0), blur_px)  # 1/mm, zero (air) beyond edges
+    mu = (MU_WATER_PER_MM * (1 + hu / 1000)).clamp(min=0)  # 1/mm, zero (air) beyond the edges
+    mu = gaussian_blur(mu, blur_px, by_shifts=method == "matrix")
     if motion is not None:
         mu = moved_frames(mu, torch.as_tensor(motion), pixel_spacing_mm)
     line_integrals = forward_project(mu, angles, pixel_spacing_mm=pixel_spacing_mm, method=method)
