@@ -322,8 +322,9 @@ def _shift_profile(y: np.ndarray, shift_mm: float, centre_mm: float) -> np.ndarr
 
 
 def _squeeze(side: int, midline_shift: tuple[float, float] | None) -> float:
-    """Width factor of the ventricle on `side` (-1 left, +1 right): the one the mass pushes against narrows."""
-    if midline_shift is None or side * midline_shift[0] <= 0:
+    """Width factor of the ventricle on `side` (-1 left, +1 right): the one beside the mass, which pushes the midline
+    the other way, narrows."""
+    if midline_shift is None or side * midline_shift[0] >= 0:
         return 1.0
     return max(0.35, 1 - abs(midline_shift[0]) / 12)
 

@@ -132,7 +132,7 @@ def _draw_metal(rng: np.random.Generator, g: Geometry, hu: np.ndarray) -> bool:
     return bool(spot.any())
 
 
-def _thick_slice(
+def draw_thick_slice(
     rng: np.random.Generator, config: CohortConfig, head: HeadShape, frame: HeadFrame, level: float, thickness_mm: float
 ):
     """Draw one slice's lesions once and paint them on every level of its slab; the slice averages the levels.
@@ -232,7 +232,7 @@ def simulate_cohort_patient(
     drawn, motions, doses, generators = [], [], [], []
     for k, level in enumerate(levels):
         slice_rng = slice_generator(seed, index, k)
-        drawn.append(_thick_slice(slice_rng, config, head, frame, float(level), protocol.slice_thickness_mm))
+        drawn.append(draw_thick_slice(slice_rng, config, head, frame, float(level), protocol.slice_thickness_mm))
         motions.append(sample_motion(slice_rng, config.scanner))
         modulation = config.scanner.dose_modulation
         doses.append(protocol.photons_per_ray * math.exp(slice_rng.uniform(-1, 1) * math.log(modulation)))
