@@ -1,6 +1,13 @@
-"""Slices per second of the on-the-fly simulator (vit_ct.sim.simulator): anatomy + scan + windows + resize to the model
-grid, per worker (one process, one torch thread, as in a DataLoader worker) at several slice sizes and heads per
-batch, and through a DataLoader with several workers. Prints a markdown table; ~2 minutes on 2 cores:
+"""Slices per second of the simulators, one torch thread per process (as in a DataLoader or writer worker):
+
+- the scan alone at 256 px, the demo's numerical path ("sampled": grid_sample projector, conv2d blur) against the
+  sparse-matrix path ("matrix"), alternated call by call on the same slices, per batch size;
+- the on-the-fly simulator (vit_ct.sim.simulator): anatomy + scan + windows + resize to the model grid, per worker at
+  several slice sizes and heads per batch, and through a DataLoader with several workers;
+- the scanner-randomised cohort (vit_ct.sim.cohort) per process, anatomy alone and with the scan, and its writer
+  (python -m vit_ct.sim.pretraining) end to end with its disk size.
+
+Prints markdown tables; ~5 minutes on 2 cores:
 
     .venv/bin/python benchmarks/simulator_throughput.py [--sizes 128 256] [--seconds 8] [--workers 2]
 """
@@ -9,12 +16,20 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
+import statistics
+import tempfile
 import time
+from pathlib import Path
 
+import numpy as np
 import torch
 
 from vit_ct.hardware import describe_machine
-from vit_ct.sim.phantom import PhantomConfig
+from vit_ct.sim.cohort import CohortConfig, simulate_cohort_patient
+from vit_ct.sim.phantom import PhantomConfig, simulate_slices
+from vit_ct.sim.pretraining import PROGRESS, write_pretraining_set
+from vit_ct.sim.scanner import simulate_acquisition
 from vit_ct.sim.simulator import SimulatedSliceStream, StreamLoader
 
 FIELD_OF_VIEW_MM = 230.0
@@ -55,6 +70,55 @@ def loader_rate(size: int, args) -> float:
     return len(source) / (time.perf_counter() - start)
 
 
+def scan_rates(batch: int, args) -> dict[str, float]:
+    """ms per slice of scanning the same 256 px batch of demo slices with each method, calls alternated
+    ``args.repeats`` times after one warm-up call each (the matrices are built then); medians."""
+    hu = np.stack([s.hu_true for s in simulate_slices(np.random.default_rng(0), PhantomConfig(), batch, acquire=False)])
+    times = {"sampled": [], "matrix": []}
+    for repeat in range(args.repeats + 1):
+        for method in times:
+            generators = [torch.Generator().manual_seed(i) for i in range(batch)]
+            start = time.perf_counter()
+            simulate_acquisition(hu, generator=generators, kernel="hann", beam_hardening=0.05, method=method)
+            if repeat:
+                times[method].append((time.perf_counter() - start) / batch * 1e3)
+    return {method: statistics.median(values) for method, values in times.items()}
+
+
+def cohort_rates(args) -> tuple[float, float]:
+    """Slices/s of one process drawing cohort patients of ``args.cohort_slices`` slices at 256 px: anatomy alone
+    (acquire=False) and with the scan, alternated patient by patient after a warm-up patient."""
+    config = CohortConfig()
+    simulate_cohort_patient(0, 0, args.cohort_slices, config)
+    spent = {False: 0.0, True: 0.0}
+    for index in range(1, args.cohort_patients + 1):
+        for acquire in spent:
+            start = time.perf_counter()
+            simulate_cohort_patient(0, index, args.cohort_slices, config, acquire=acquire)
+            spent[acquire] += time.perf_counter() - start
+    n = args.cohort_patients * args.cohort_slices
+    return n / spent[False], n / spent[True]
+
+
+def writer_rate(args) -> tuple[float, float, float]:
+    """The pretraining writer with ``args.workers`` workers: slices/s end to end (worker start-up, matrices, DICOM and
+    PNG included), slices/s in its steady state (between the first and the last patient done, from the progress
+    markers' times), and its disk use in MB per 1,000 slices."""
+    root = Path(tempfile.mkdtemp(prefix="vit-ct-pretraining-")) / "set"
+    try:
+        start = time.time()
+        write_pretraining_set(root, n_patients=args.writer_patients, slices_per_patient=args.cohort_slices,
+                              num_workers=max(1, args.workers), progress=False)  # fmt: skip
+        seconds = time.time() - start
+        done = sorted(p.stat().st_mtime for p in (root / PROGRESS).glob("*.json"))
+        steady = (len(done) - 1) * args.cohort_slices / (done[-1] - done[0])
+        n = args.writer_patients * args.cohort_slices
+        size = sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+        return n / seconds, steady, size / n * 1000 / 1e6
+    finally:
+        shutil.rmtree(root.parent, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[128, 256], help="simulated slice sizes, pixels")
@@ -63,25 +127,43 @@ def main() -> None:
     parser.add_argument("--heads", type=int, nargs="+", default=[1, 4], help="slices per head (one scan batch)")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seconds", type=float, default=8.0, help="timing per per-worker row")
-    parser.add_argument("--workers", type=int, default=2, help="DataLoader workers of the loader rows (0: skip)")
+    parser.add_argument("--workers", type=int, default=2, help="DataLoader / writer workers (0: skip those rows)")
     parser.add_argument("--loader-batches", type=int, default=3, help="batches per worker in the loader rows")
     parser.add_argument("--beam-hardening", type=float, default=0.0)
+    parser.add_argument("--scan-batches", type=int, nargs="+", default=[1, 4, 16], help="batch sizes of the scan rows")
+    parser.add_argument("--repeats", type=int, default=5, help="alternated calls per method in the scan rows")
+    parser.add_argument("--cohort-slices", type=int, default=16, help="slices per cohort patient")
+    parser.add_argument("--cohort-patients", type=int, default=4, help="patients per cohort row")
+    parser.add_argument("--writer-patients", type=int, default=16, help="patients of the writer rows")
     args = parser.parse_args()
     torch.set_num_threads(1)  # what a DataLoader worker gets
 
+    scans = [(batch, scan_rates(batch, args)) for batch in args.scan_batches]
     rows = []
     for size in args.sizes:
         for heads in args.heads:
             rows.append((f"{size} px, 1 process, {heads} slice(s) per head", per_worker_rate(size, heads, args)))
         if args.workers:
             rows.append((f"{size} px, StreamLoader, {args.workers} workers", loader_rate(size, args)))
+    anatomy, cohort = cohort_rates(args)
+    rows.append((f"cohort, 256 px, 1 process, {args.cohort_slices} slices per patient: anatomy only", anatomy))
+    rows.append((f"cohort, 256 px, 1 process, {args.cohort_slices} slices per patient: anatomy + scan", cohort))
+    if args.workers:
+        rate, steady, megabytes = writer_rate(args)
+        writer = f"pretraining writer, {args.workers} workers, DICOM + PNG ({megabytes:.0f} MB per 1,000 slices)"
+        rows.append((f"{writer}: {args.writer_patients} x {args.cohort_slices} slices end to end", rate))
+        rows.append((f"{writer}: steady state (first to last patient done)", steady))
 
+    print(f"\nmeasured on {describe_machine()}, {os.cpu_count()} CPU cores, torch threads 1 per process\n")
+    print("| scan of 256 px demo slices | sampled (demo), ms/slice | matrix, ms/slice | speed-up |")
+    print("|---|---:|---:|---:|")
+    for batch, rate in scans:
+        before, after = rate["sampled"], rate["matrix"]
+        print(f"| batch of {batch} | {before:.1f} | {after:.1f} | {before / after:.1f}x |")
     print(
         f"\nsimulated {FIELD_OF_VIEW_MM:.0f} mm field of view -> {len(args.windows)} windows at "
-        f"{args.img_size}x{args.img_size}, beam hardening {args.beam_hardening}, {os.cpu_count()} CPU cores, "
-        f"torch threads 1 per process\n"
+        f"{args.img_size}x{args.img_size}, beam hardening {args.beam_hardening}\n"
     )
-    print(f"measured on {describe_machine()}\n")
     print("| simulator | slices/s |")
     print("|---|---:|")
     for name, value in rows:
