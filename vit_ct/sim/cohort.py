@@ -187,6 +187,27 @@ def draw_thick_slice(
     return hu, mask, "none" if bleed is None or not mask.any() else bleed.kind, tissue, metal
 
 
+def draw_patient(
+    seed: int, index: int, config: CohortConfig
+) -> tuple[np.random.Generator, HeadShape, float, ScanProtocol]:
+    """Cohort patient `index`'s head (placed in the field of view), its scale and their scanner; and the generator,
+    which then draws the first slice level."""
+    rng = np.random.default_rng([seed, index, COHORT_STREAM])
+    head = sample_head(rng)
+    rotation = math.radians(config.head_rotation_deg)
+    offset_mm, offset_angle = config.head_offset_mm * math.sqrt(rng.random()), rng.uniform(0, 2 * np.pi)
+    head = replace(
+        head,
+        centre_mm=(offset_mm * math.cos(offset_angle), offset_mm * math.sin(offset_angle)),
+        rotation=float(rng.uniform(-rotation, rotation)),
+    )
+    scale = float(rng.uniform(*config.head_scale_range))
+    protocol = sample_protocol(
+        rng, config.scanner, size=config.size, min_spacing_mm=_fitting_spacing(head, scale, config.size)
+    )
+    return rng, head, scale, protocol
+
+
 def slice_generator(seed: int, index: int, slice_index: int) -> np.random.Generator:
     """The generator of one slice of cohort patient `index`: its lesions, motion, dose and noise."""
     return np.random.default_rng([seed, index, COHORT_STREAM, slice_index + 1])
@@ -213,19 +234,7 @@ def simulate_cohort_patient(
         config: how the cohort is drawn.
         acquire: simulate the scan; False returns the noiseless slab averages as `hu` (fast, for tests).
     """
-    rng = np.random.default_rng([seed, index, COHORT_STREAM])
-    head = sample_head(rng)
-    rotation = math.radians(config.head_rotation_deg)
-    offset_mm, offset_angle = config.head_offset_mm * math.sqrt(rng.random()), rng.uniform(0, 2 * np.pi)
-    head = replace(
-        head,
-        centre_mm=(offset_mm * math.cos(offset_angle), offset_mm * math.sin(offset_angle)),
-        rotation=float(rng.uniform(-rotation, rotation)),
-    )
-    scale = float(rng.uniform(*config.head_scale_range))
-    protocol = sample_protocol(
-        rng, config.scanner, size=config.size, min_spacing_mm=_fitting_spacing(head, scale, config.size)
-    )
+    rng, head, scale, protocol = draw_patient(seed, index, config)
     frame = HeadFrame(config.size, protocol.pixel_spacing_mm, head, scale)
     start = rng.uniform(0.0, 0.25)
     levels = start + (1 - start) * np.arange(n_slices) / n_slices

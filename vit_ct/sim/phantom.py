@@ -12,7 +12,7 @@ import torch
 from vit_ct.sim.anatomy import Geometry, HeadFrame, HeadShape, Tissue, draw_anatomy, sample_head
 from vit_ct.sim.bleed import BLEED_TYPES, draw_bleed, paint_bleed
 from vit_ct.sim.lookalike import draw_lookalikes, paint_lookalikes
-from vit_ct.sim.projector import FILTER_NAMES, scan_circle
+from vit_ct.sim.projector import FILTER_NAMES, Kernel, scan_circle
 from vit_ct.sim.scanner import simulate_acquisition
 
 __all__ = [  # the anatomy's names, importable from here as before
@@ -36,7 +36,7 @@ class PhantomConfig:
         small_fraction: share of bleeds only a few mm across or thick (hard cases).
         lookalike_probability: chance of each bright look-alike (pineal / choroid plexus / falx calcification).
         photons_per_ray_range: dose, unattenuated photons per detector bin and view, drawn log-uniformly.
-        kernels: reconstruction filters drawn uniformly (see `vit_ct.sim.projector.fourier_filter`).
+        kernels: reconstruction filters drawn uniformly: names or `Kernel`s (see `vit_ct.sim.projector.fourier_filter`).
         beam_hardening: strength of the bone beam-hardening term (0 disables it; costs ~20% more time).
     """
 
@@ -50,7 +50,7 @@ class PhantomConfig:
     small_fraction: float = 0.25
     lookalike_probability: float = 0.3
     photons_per_ray_range: tuple[float, float] = (8.0e5, 3.0e6)
-    kernels: tuple[str, ...] = ("cosine", "hamming", "hann")
+    kernels: tuple[str | Kernel, ...] = ("cosine", "hamming", "hann")
     beam_hardening: float = 0.0
 
     def __post_init__(self):
@@ -69,8 +69,8 @@ class PhantomConfig:
                 f"bleed_types must be non-empty, from {BLEED_TYPES[1:]}, with one weight each; "
                 f"got {self.bleed_types} and weights {self.bleed_type_weights}"
             )
-        if not set(self.kernels) <= set(FILTER_NAMES) or not self.kernels:
-            raise ValueError(f"kernels must be non-empty and from {FILTER_NAMES}, got {self.kernels}")
+        if not self.kernels or not all(isinstance(k, Kernel) or k in FILTER_NAMES for k in self.kernels):
+            raise ValueError(f"kernels must be non-empty, each from {FILTER_NAMES} or a Kernel, got {self.kernels}")
         if not 0 < self.photons_per_ray_range[0] <= self.photons_per_ray_range[1]:
             raise ValueError(f"photons_per_ray_range must be (low, high) > 0, got {self.photons_per_ray_range}")
 
@@ -167,7 +167,8 @@ def simulate_slices(
         tissue, hu = anatomy.tissue, anatomy.hu
         low, high = np.log(config.photons_per_ray_range)
         doses.append(float(np.exp(rng.uniform(low, high))))
-        kernels.append(str(rng.choice(config.kernels)))
+        kernel = rng.choice(config.kernels)
+        kernels.append(kernel if isinstance(kernel, Kernel) else str(kernel))
         generators.append(torch.Generator().manual_seed(int(rng.integers(0, 2**62))))
         slices.append((hu, mask, bleed_type, tissue, level))
 
@@ -195,7 +196,7 @@ def simulate_slices(
             field_of_view=field_of_view[i].copy(),
             level=level,
             photons_per_ray=doses[i] if acquire else 0.0,
-            kernel=kernels[i] if acquire else "",
+            kernel=(kernels[i] if isinstance(kernels[i], str) else kernels[i].name) if acquire else "",
             pixel_spacing_mm=config.pixel_spacing_mm,
         )
         for i, (hu, mask, bleed_type, tissue, level) in enumerate(slices)
