@@ -36,5 +36,5 @@ def test_far_family_lies_outside_every_pretraining_range(sd):
 def test_far_family_noise_is_inside_the_pretraining_range(sd):
     slices = simulate_slices(np.random.default_rng(0), sd.HELDOUT_FAR, 3, bleed_types=["none"] * 3)
     noise = [(s.hu - s.hu_true)[binary_erosion(s.tissue == Tissue.WHITE, iterations=3)].std() for s in slices]
-    assert 6 <= np.mean(noise) <= 18  # HU; the cohort's middle 90% spans ~3-17
+    assert 6 <= np.mean(noise) <= 13  # HU; the cohort's 5th-95th percentiles: 3-13 (benchmarks/small_data.py)
     assert slices[0].kernel == "G1.30B1.50" and slices[0].pixel_spacing_mm == 1.25

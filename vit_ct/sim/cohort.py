@@ -58,7 +58,7 @@ class CohortConfig:
     size: int = 256
     bleed_fraction: float = 0.5
     bleed_types: tuple[str, ...] = BLEED_TYPES[1:]
-    bleed_type_weights: tuple[float, ...] = (0.25, 0.2, 0.15, 0.25, 0.15)
+    bleed_type_weights: tuple[float, ...] = (0.25, 0.2, 0.15, 0.15, 0.25)  # IVH on slices without ventricles: SAH
     bleed_hu_range: tuple[float, float] = (40.0, 90.0)
     low_contrast_fraction: float = 0.25
     small_fraction: float = 0.3

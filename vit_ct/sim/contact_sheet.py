@@ -22,7 +22,13 @@ from vit_ct.data.windows import window_hu
 
 
 def choose_slices(table: pd.DataFrame, n: int) -> pd.DataFrame:
-    """`n` rows spread over the bleed types (round robin) and, within a type, evenly over the dose ranks."""
+    """`n` rows: the first slice with each artefact the set records (ring, motion, metal), then the rest spread over
+    the bleed types (round robin) and, within a type, evenly over the dose ranks."""
+    flags = [column for column in ("ring_bins", "motion_mm", "metal") if column in table]
+    first = [table.index[table[column] > 0][0] for column in flags if (table[column] > 0).any()]
+    chosen = table.loc[list(dict.fromkeys(first))[:n]]
+    table = table.drop(chosen.index)
+    n -= len(chosen)
     groups = [
         group.sort_values("photons_per_ray" if "photons_per_ray" in group else "image").reset_index(drop=True)
         for _, group in table.groupby("bleed_type", sort=True)
@@ -34,7 +40,7 @@ def choose_slices(table: pd.DataFrame, n: int) -> pd.DataFrame:
             if counts[i] < share[i] and sum(counts) < n:
                 counts[i] += 1
     picks = [g.iloc[np.linspace(0, len(g) - 1, c).round().astype(int)] for g, c in zip(groups, counts, strict=True)]
-    return pd.concat(picks).sort_values("image").reset_index(drop=True)
+    return pd.concat([chosen, *picks]).sort_values("image").reset_index(drop=True)
 
 
 def _caption(row: pd.Series) -> str:
