@@ -1,7 +1,7 @@
 """Slices per second of the simulators, one torch thread per process (as in a DataLoader or writer worker):
 
 - the scan alone at 256 px, the demo's numerical path ("sampled": grid_sample projector, conv2d blur) against the
-  sparse-matrix path ("matrix"), alternated call by call on the same slices, per batch size;
+  sparse-matrix path ("matrix"), alternated call by call on the same slices, per batch size and per stage;
 - the on-the-fly simulator (vit_ct.sim.simulator): anatomy + scan + windows + resize to the model grid, per worker at
   several slice sizes and heads per batch, and through a DataLoader with several workers;
 - the scanner-randomised cohort (vit_ct.sim.cohort) per process, anatomy alone and with the scan, and its writer
@@ -29,7 +29,8 @@ from vit_ct.hardware import describe_machine
 from vit_ct.sim.cohort import CohortConfig, simulate_cohort_patient
 from vit_ct.sim.phantom import PhantomConfig, simulate_slices
 from vit_ct.sim.pretraining import PROGRESS, write_pretraining_set
-from vit_ct.sim.scanner import simulate_acquisition
+from vit_ct.sim.projector import default_angles, filtered_back_projection, forward_project, fourier_filter
+from vit_ct.sim.scanner import MU_WATER_PER_MM, gaussian_blur, simulate_acquisition
 from vit_ct.sim.simulator import SimulatedSliceStream, StreamLoader
 
 FIELD_OF_VIEW_MM = 230.0
@@ -85,6 +86,43 @@ def scan_rates(batch: int, args) -> dict[str, float]:
     return {method: statistics.median(values) for method, values in times.items()}
 
 
+def stage_times(args) -> list[tuple[str, float, float]]:
+    """ms per slice of each stage of the scan of a batch of ``args.stage_batch`` demo slices at 256 px, for each
+    method (stages alternated method by method, medians of ``args.repeats``), and of drawing their anatomy."""
+    slices = simulate_slices(np.random.default_rng(0), PhantomConfig(), args.stage_batch, acquire=False)
+    hu = torch.from_numpy(np.stack([s.hu_true for s in slices]))
+    angles = default_angles(128)
+    mu = gaussian_blur((MU_WATER_PER_MM * (1 + hu / 1000)).clamp(min=0), 0.8)
+    sinogram = forward_project(mu, angles, pixel_spacing_mm=0.9)
+    n0 = 1.5e6 * torch.exp(-sinogram)
+    padded = 512
+    spectrum = torch.stack([fourier_filter(padded, "hann")] * len(hu))[:, None]
+    stages = {
+        "anatomy (demo phantom)": lambda method: simulate_slices(np.random.default_rng(1), PhantomConfig(),
+                                                                 args.stage_batch, acquire=False),
+        "blur": lambda method: gaussian_blur(mu, 0.8, by_shifts=method == "matrix"),
+        "forward projection": lambda method: forward_project(mu, angles, pixel_spacing_mm=0.9, method=method),
+        "Poisson counts": lambda method: torch.poisson(n0),
+        "filtering (FFT)": lambda method: torch.fft.ifft(torch.fft.fft(sinogram.double(), n=padded) * spectrum).real,
+        "filtering + back-projection": lambda method: filtered_back_projection(
+            sinogram, angles, filter_name="hann", pixel_spacing_mm=0.9, method=method
+        ),
+    }  # fmt: skip
+    for method in ("sampled", "matrix"):  # warm-up: geometry caches and matrices
+        for stage in stages.values():
+            stage(method)
+    rows = []
+    for name, stage in stages.items():
+        times = {"sampled": [], "matrix": []}
+        for _ in range(args.repeats):
+            for method in times:
+                start = time.perf_counter()
+                stage(method)
+                times[method].append((time.perf_counter() - start) / len(hu) * 1e3)
+        rows.append((name, statistics.median(times["sampled"]), statistics.median(times["matrix"])))
+    return rows
+
+
 def cohort_rates(args) -> tuple[float, float]:
     """Slices/s of one process drawing cohort patients of ``args.cohort_slices`` slices at 256 px: anatomy alone
     (acquire=False) and with the scan, alternated patient by patient after a warm-up patient."""
@@ -132,12 +170,14 @@ def main() -> None:
     parser.add_argument("--beam-hardening", type=float, default=0.0)
     parser.add_argument("--scan-batches", type=int, nargs="+", default=[1, 4, 16], help="batch sizes of the scan rows")
     parser.add_argument("--repeats", type=int, default=5, help="alternated calls per method in the scan rows")
+    parser.add_argument("--stage-batch", type=int, default=16, help="batch size of the per-stage rows")
     parser.add_argument("--cohort-slices", type=int, default=16, help="slices per cohort patient")
     parser.add_argument("--cohort-patients", type=int, default=4, help="patients per cohort row")
     parser.add_argument("--writer-patients", type=int, default=16, help="patients of the writer rows")
     args = parser.parse_args()
     torch.set_num_threads(1)  # what a DataLoader worker gets
 
+    stages = stage_times(args)
     scans = [(batch, scan_rates(batch, args)) for batch in args.scan_batches]
     rows = []
     for size in args.sizes:
@@ -155,7 +195,11 @@ def main() -> None:
         rows.append((f"{writer}: steady state (first to last patient done)", steady))
 
     print(f"\nmeasured on {describe_machine()}, {os.cpu_count()} CPU cores, torch threads 1 per process\n")
-    print("| scan of 256 px demo slices | sampled (demo), ms/slice | matrix, ms/slice | speed-up |")
+    print(f"| stage, batch of {args.stage_batch} demo slices at 256 px | sampled (demo), ms/slice | matrix, ms/slice |")
+    print("|---|---:|---:|")
+    for name, before, after in stages:
+        print(f"| {name} | {before:.1f} | {after:.1f} |")
+    print("\n| scan of 256 px demo slices | sampled (demo), ms/slice | matrix, ms/slice | speed-up |")
     print("|---|---:|---:|---:|")
     for batch, rate in scans:
         before, after = rate["sampled"], rate["matrix"]
