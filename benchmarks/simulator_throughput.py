@@ -37,7 +37,9 @@ from vit_ct.sim.simulator import SimulatedSliceStream, StreamLoader
 FIELD_OF_VIEW_MM = 230.0
 
 
-def stream(size: int, args, *, epoch_size: int, slices_per_head: int = 1) -> SimulatedSliceStream:
+def stream(
+    size: int, args, *, epoch_size: int, slices_per_head: int = 1, method: str = "sampled"
+) -> SimulatedSliceStream:
     return SimulatedSliceStream(
         config=PhantomConfig(size=size, pixel_spacing_mm=FIELD_OF_VIEW_MM / size, beam_hardening=args.beam_hardening),
         windows=args.windows,
@@ -45,12 +47,13 @@ def stream(size: int, args, *, epoch_size: int, slices_per_head: int = 1) -> Sim
         epoch_size=epoch_size,
         batch_size=args.batch_size,
         slices_per_head=slices_per_head,
+        scan_method=method,
     )
 
 
-def per_worker_rate(size: int, slices_per_head: int, args) -> float:
+def per_worker_rate(size: int, slices_per_head: int, args, method: str = "sampled") -> float:
     """Slices/s of one process for about ``args.seconds``, after one warm-up batch (geometry caches)."""
-    source = stream(size, args, epoch_size=10**6, slices_per_head=slices_per_head)
+    source = stream(size, args, epoch_size=10**6, slices_per_head=slices_per_head, method=method)
     for _ in source.simulate_batch(0, epoch=0):
         pass
     n, batch, start = 0, 1, time.perf_counter()
@@ -197,6 +200,9 @@ def main() -> None:
     for size in args.sizes:
         for heads in args.heads:
             rows.append((f"{size} px, 1 process, {heads} slice(s) per head", per_worker_rate(size, heads, args)))
+            if heads > 1:
+                rate = per_worker_rate(size, heads, args, method="matrix")
+                rows.append((f"{size} px, 1 process, {heads} slices per head, scan_method matrix", rate))
         if args.workers:
             rows.append((f"{size} px, StreamLoader, {args.workers} workers", loader_rate(size, args)))
     for name, rate in cohort_rates(args).items():
