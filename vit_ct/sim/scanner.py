@@ -135,7 +135,8 @@ def simulate_acquisition(
         hu_gain: calibration gain error, for the batch or `(B,)`: reconstructed HU are multiplied by it ...
         hu_offset: ... and shifted by this many HU (water reads `hu_offset`), inside the field of view.
         method: numerical path: "sampled" (the demo's, stable bit for bit) or "matrix" (the projector's sparse
-            matrices, see `vit_ct.sim.projector`, and a blur by shifts; ~3x faster for batches, equal to ~1e-6).
+            matrices, see `vit_ct.sim.projector`, and a blur by shifts; ~3x faster for batches, equal to ~1e-6
+            before the photon noise, whose draw can then differ by a photon on a ray here and there).
 
     Returns:
         Reconstruction with `hu` shaped like the input.
