@@ -40,6 +40,7 @@ from vit_ct.model import ViTClassifier
 from vit_ct.model.optim import warmup_cosine_schedule
 from vit_ct.run.hardware import auto_precision, describe_machine
 from vit_ct.sim.phantom import PhantomConfig
+from vit_ct.sim.projector import Kernel
 from vit_ct.sim.synthetic import build_synthetic_dataset
 
 WINDOWS = ["brain", "subdural"]  # as configs/pretrain.yaml and configs/finetune.yaml
@@ -60,6 +61,26 @@ HELDOUT = PhantomConfig(
     beam_hardening=0.5,
 )
 HELDOUT_SEED = 20_261_129  # the pretraining simulator draws from seeds 0, 10^6 and 2 x 10^6
+
+# A second user's set with settings the scanner-randomised pretraining set (vit_ct.sim.cohort) never draws, so that
+# the benchmark also measures a shift outside every pretraining range: 1.25 mm pixels (a 320 mm field of view, heads
+# a third smaller in pixels; the cohort draws 0.7-1.0 mm, raised to ~1.04 mm at most to fit its largest heads) and
+# an edge-enhancing bone kernel sharper than any it draws (half response 1.3 and edge boost 1.5 against at most 1.0
+# and 0.6), at a noise inside its range (9-12 HU in white matter; the cohort's 5th-95th percentiles: 3-13 HU),
+# HELDOUT's lesion mix and seeds of its own.
+HELDOUT_FAR = PhantomConfig(
+    size=256,
+    pixel_spacing_mm=1.25,
+    bleed_hu_range=(45.0, 85.0),
+    low_contrast_fraction=0.3,
+    small_fraction=0.3,
+    lookalike_probability=0.4,
+    photons_per_ray_range=(2.0e6, 5.0e6),
+    kernels=(Kernel(half_response=1.3, edge_boost=1.5),),
+    beam_hardening=0.05,
+)
+HELDOUT_FAR_SEED = 20_261_201
+HELDOUT_FAMILIES = {"near": (HELDOUT, HELDOUT_SEED), "far": (HELDOUT_FAR, HELDOUT_FAR_SEED)}
 
 
 @dataclass(frozen=True)
@@ -290,7 +311,8 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument(
         "--rows", nargs="+", default=["resnet18", "vit", "vit-masks", "vit-pre", "vit-ft", "vit-ft-masks", "vit-ft-256"]
     )
-    parser.add_argument("--root", type=Path, default=Path("data/heldout"), help="where the held-out set is built")
+    parser.add_argument("--family", choices=sorted(HELDOUT_FAMILIES), default="near", help="HELDOUT or HELDOUT_FAR")
+    parser.add_argument("--root", type=Path, help="where the held-out set is built (default data/heldout[-far])")
     parser.add_argument("--patients", type=int, default=120, help="patients of the held-out set (60%% train)")
     parser.add_argument("--slices-per-patient", type=int, default=6)
     parser.add_argument("--epochs", type=int, default=30)
@@ -312,11 +334,11 @@ def main(argv: list[str] | None = None) -> str:
     start = time.perf_counter()
 
     manifest = build_synthetic_dataset(
-        args.root,
+        args.root or Path("data/heldout" if args.family == "near" else "data/heldout-far"),
         n_patients=args.patients,
         slices_per_patient=args.slices_per_patient,
-        seed=HELDOUT_SEED,
-        config=HELDOUT,
+        seed=HELDOUT_FAMILIES[args.family][1],
+        config=HELDOUT_FAMILIES[args.family][0],
         split_fractions=(0.6, 0.1, 0.3),
     )
     table = pd.read_csv(manifest)

@@ -22,6 +22,7 @@ from vit_ct.data.datamodule import CTBatch, CTSliceDataModule, Window, slice_ite
 from vit_ct.data.distributed import MarkedPaddingSampler, decode_index
 from vit_ct.data.windows import parse_windows
 from vit_ct.sim.phantom import PhantomConfig, sample_head, simulate_slices
+from vit_ct.sim.projector import METHODS
 
 EVAL_SEED_OFFSETS = {"val": 10**6, "test": 2 * 10**6}  # evaluation sets: seed families training never draws from
 NO_PREDICT = "SimulatorDataModule has nothing to predict on: predict with a manifest (configs/manifest.yaml)"
@@ -69,6 +70,9 @@ class SimulatedSliceStream(IterableDataset):
         world_size: Processes in the job; None reads ``torch.distributed`` (1 when it is not initialised).
         slices_per_head: Slices drawn from one head and scanned as one batch (faster per slice at 128 px or less).
         rotation_deg: In-plane head rotation, drawn uniformly in [-rotation_deg, rotation_deg] degrees.
+        scan_method: The scan's numerical path: ``sampled`` (as always) or ``matrix`` (cached sparse projector
+            matrices: ~3x faster per slice at 256 px with 4 slices per head; the same slices but for a photon here
+            and there).
         details: Also yield ``bleed_type``, ``level``, ``kernel`` and ``photons_per_ray`` (not part of CTBatch).
     """
 
@@ -85,6 +89,7 @@ class SimulatedSliceStream(IterableDataset):
         world_size: int | None = None,
         slices_per_head: int = 1,
         rotation_deg: float = 15.0,
+        scan_method: str = "sampled",
         details: bool = False,
     ) -> None:
         for name, value in (("img_size", img_size), ("epoch_size", epoch_size), ("batch_size", batch_size)):
@@ -104,6 +109,9 @@ class SimulatedSliceStream(IterableDataset):
         self.slices_per_rank = math.ceil(epoch_size / self.world_size)  # equal on every rank, as DDP needs
         self.slices_per_head = slices_per_head
         self.rotation = math.radians(rotation_deg)
+        if scan_method not in METHODS:
+            raise ValueError(f"scan_method must be one of {METHODS}, got {scan_method!r}")
+        self.scan_method = scan_method
         self.details = details
         # In shared memory: persistent workers keep their copy of the dataset but see the epoch set here.
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
@@ -128,7 +136,7 @@ class SimulatedSliceStream(IterableDataset):
             head = sample_head(rng)
             head = replace(head, rotation=float(rng.uniform(-self.rotation, self.rotation)))
             n = min(self.slices_per_head, size - start)
-            for k, simulated in enumerate(simulate_slices(rng, self.config, n, head=head)):
+            for k, simulated in enumerate(simulate_slices(rng, self.config, n, head=head, method=self.scan_method)):
                 index = self.rank * self.slices_per_rank + first + start + k
                 item = slice_item(
                     simulated.hu,
@@ -256,6 +264,7 @@ class SimulatorDataModule(CTSliceDataModule):
         beam_hardening: Strength of the bone beam-hardening streaks (0: none; ~20% slower).
         rotation_deg: In-plane head rotation, drawn uniformly in [-rotation_deg, rotation_deg] degrees.
         slices_per_head: Training slices drawn from each synthetic head (1: a new head for every slice).
+        scan_method: The scan's numerical path, ``sampled`` or ``matrix`` (faster with several slices per head).
     """
 
     def __init__(
@@ -280,6 +289,7 @@ class SimulatorDataModule(CTSliceDataModule):
         beam_hardening: float = PhantomConfig.beam_hardening,
         rotation_deg: float = 15.0,
         slices_per_head: int = 1,
+        scan_method: str = "sampled",
     ) -> None:
         super().__init__(
             windows=windows,
@@ -298,6 +308,7 @@ class SimulatorDataModule(CTSliceDataModule):
         self.seed = seed
         self.rotation_deg = rotation_deg
         self.slices_per_head = slices_per_head
+        self.scan_method = scan_method
         try:  # checks the phantom arguments now; simulating waits for the loaders
             self.config = PhantomConfig(
                 size=slice_size,
@@ -329,6 +340,7 @@ class SimulatorDataModule(CTSliceDataModule):
             rank=rank,
             world_size=world_size,
             rotation_deg=self.rotation_deg,
+            scan_method=self.scan_method,
             **kwargs,
         )
 

@@ -23,21 +23,21 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from vit_ct.data.datamodule import CTSliceDataModule
 from vit_ct.data.splits import SPLIT_FRACTIONS, SPLITS
+from vit_ct.sim.anatomy import HEAD_HEIGHT_MM
 from vit_ct.sim.phantom import PhantomConfig, SimulatedSlice, sample_head, simulate_slices
 
 MANIFEST_COLUMNS = ("image", "label", "patient_id", "split", "mask", "bleed_type")
 RESCALE_INTERCEPT = -1024  # HU of stored value 0
 PIXEL_PADDING_VALUE = -2000  # stored value outside the scan circle
-HEAD_HEIGHT_MM = 100.0  # axial extent covered by slice levels 0 to 1
-SLICE_THICKNESS_MM = 5.0
 N_PATIENTS, SLICES_PER_PATIENT = 120, 8  # the demo's set: 960 slices
 _FORMAT_VERSION = 1
 
 
-def _description(n_patients, slices_per_patient, seed, config, split_fractions) -> dict:
-    """What generator.json records: every argument that changes the files, JSON-normalised."""
+def generator_description(n_patients, slices_per_patient, seed, config, split_fractions, **extra) -> dict:
+    """What generator.json records: every argument that changes the files (and `extra`), JSON-normalised."""
     description = {
         "format": _FORMAT_VERSION,
+        **extra,
         "n_patients": n_patients,
         "slices_per_patient": slices_per_patient,
         "seed": seed,
@@ -92,7 +92,7 @@ def build_synthetic_dataset(
         raise ValueError(f"split_fractions must be three non-negative shares summing to 1, got {split_fractions}")
     if num_workers < 1:
         raise ValueError(f"num_workers must be >= 1, got {num_workers}")
-    description = _description(n_patients, slices_per_patient, seed, config, split_fractions)
+    description = generator_description(n_patients, slices_per_patient, seed, config, split_fractions)
     root.parent.mkdir(parents=True, exist_ok=True)
     # Ranks started together (torchrun) may all ask for the set: one builds it, the others wait, then reuse it.
     with FileLock(str(root.parent / f".{root.name}.lock")):
@@ -149,7 +149,7 @@ def _generate(folder: Path, description: dict, config: PhantomConfig, num_worker
                     per_patient[index] = slices
                     bar.advance(task)
     labels = [[row["label"] for row in per_patient[i]] for i in range(n_patients)]
-    splits = _split_patients(labels, description["split_fractions"], seed)
+    splits = split_patients(labels, description["split_fractions"], seed)
     return [dict(row, split=splits[i]) for i in range(n_patients) for row in per_patient[i]]
 
 
@@ -183,27 +183,41 @@ def _write_patient(folder: Path, seed: int, index: int, n_slices: int, config: P
     finally:  # in the caller's process (num_workers=1) its training must keep every thread
         torch.set_num_threads(threads)
     pid = patient_id(index)
-    (folder / "images" / pid).mkdir(parents=True, exist_ok=True)
-    (folder / "masks" / pid).mkdir(parents=True, exist_ok=True)
-    uids = {name: _uid(seed, pid, name) for name in ("study", "series", "frame")}
+    return index, write_slices(slices, seed=seed, pid=pid, images=folder / "images" / pid, masks=folder / "masks" / pid)
+
+
+def write_slices(slices: list[SimulatedSlice], *, seed: int, pid: str, images: Path, masks: Path) -> list[dict]:
+    """Write one patient's slices as `images/<k>.dcm` and `masks/<k>.png`; returns their manifest rows (without
+    split), whose paths name the set's layout, `images/<pid>/<k>.dcm` and `masks/<pid>/<k>.png`.
+
+    Args:
+        slices: the patient's slices, lowest level first.
+        seed: seed of the set (part of every DICOM UID).
+        pid: PatientID.
+        images: folder for the DICOM files.
+        masks: folder for the PNG masks.
+    """
+    images.mkdir(parents=True, exist_ok=True)
+    masks.mkdir(parents=True, exist_ok=True)
+    uids = {name: dicom_uid(seed, pid, name) for name in ("study", "series", "frame")}
     rows = []
     for k, simulated in enumerate(slices):
-        image, mask = f"images/{pid}/{k:03d}.dcm", f"masks/{pid}/{k:03d}.png"
-        write_dicom(folder / image, simulated, patient=pid, uids=uids, instance=k + 1, sop_uid=_uid(seed, pid, k))
-        Image.fromarray(simulated.mask.astype(np.uint8) * 255).save(folder / mask)
+        write_dicom(images / f"{k:03d}.dcm", simulated, patient=pid, uids=uids, instance=k + 1,
+                    sop_uid=dicom_uid(seed, pid, k))  # fmt: skip
+        Image.fromarray(simulated.mask.astype(np.uint8) * 255).save(masks / f"{k:03d}.png")
         rows.append(
             {
-                "image": image,
+                "image": f"images/{pid}/{k:03d}.dcm",
                 "label": simulated.label,
                 "patient_id": pid,
-                "mask": mask,
+                "mask": f"masks/{pid}/{k:03d}.png",
                 "bleed_type": simulated.bleed_type,
             }
         )
-    return index, rows
+    return rows
 
 
-def _uid(seed: int, pid: str, name) -> str:
+def dicom_uid(seed: int, pid: str, name) -> str:
     """Deterministic DICOM UID for this seed, patient and object."""
     return generate_uid(entropy_srcs=["vit-ct synthetic", str(seed), pid, str(name)])
 
@@ -260,7 +274,7 @@ def write_dicom(path: Path, simulated: SimulatedSlice, *, patient: str, uids: di
     ds.BodyPartExamined = "HEAD"
     ds.ConvolutionKernel = simulated.kernel or "none"
     ds.KVP = 120
-    ds.SliceThickness = SLICE_THICKNESS_MM
+    ds.SliceThickness = simulated.slice_thickness_mm
     z = round(simulated.level * HEAD_HEIGHT_MM, 3)
     ds.SliceLocation = z
     ds.ImagePositionPatient = [round(-(columns - 1) / 2 * spacing, 4), round(-(rows - 1) / 2 * spacing, 4), z]
@@ -280,7 +294,7 @@ def write_dicom(path: Path, simulated: SimulatedSlice, *, patient: str, uids: di
     ds.save_as(path, enforce_file_format=True)
 
 
-def _split_patients(labels: list[list[int]], fractions, seed: int) -> list[str]:
+def split_patients(labels: list[list[int]], fractions, seed: int) -> list[str]:
     """Seeded split of patients (given their slices' labels) in which every non-empty split has both classes."""
     n = len(labels)
     counts = [round(f * n) for f in fractions[1:]]
