@@ -93,6 +93,7 @@ class CheckRecord:
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
+        self.added = 0  # verdicts this object added: files read by this process's check
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(self.path)
@@ -139,6 +140,8 @@ class CheckRecord:
         """Keep these verdicts (slices read with ``read_options``), replacing older ones of the same files, in one
         transaction."""
         options = _options(read_options)
+        images, masks = list(images), list(masks)
+        self.added += len(images) + len(masks)
         with self._db:
             self._db.executemany(
                 "INSERT OR REPLACE INTO images VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import torch
 from filelock import FileLock, Timeout
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, WeightedRandomSampler
 
 from vit_ct.data.augment import BatchAugmentation
@@ -129,6 +129,7 @@ class CTSliceDataModule(L.LightningDataModule):
         self.cache = "memory" if cache is True else cache
         self.cache_dir = cache_dir
         self.slice_cache: SliceCache | None = None  # with cache="disk", once the manifest is checked
+        self.check_record: CheckRecord | None = None  # the manifest's verdicts, once checked
         self.split_fractions = tuple(split_fractions)
         self.split_seed = split_seed
         self.predict_split = predict_split
@@ -176,7 +177,13 @@ class CTSliceDataModule(L.LightningDataModule):
         """`validate_manifest_files` with this manifest's check record (and disk cache), one process at a time: the
         others (DDP ranks started at once, a second run) wait, then find every verdict and slot there."""
         folder = cache_folder(self.cache_dir, manifest)
-        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ValueError(
+                f"cannot use the cache folder {folder} ({e}): choose a writable folder with --data.init_args.cache_dir"
+                " (or VIT_CT_CACHE_DIR)"
+            ) from None
         lock = FileLock(folder / "check.lock")
         try:
             lock.acquire(timeout=1)
@@ -184,17 +191,27 @@ class CTSliceDataModule(L.LightningDataModule):
             print(f"{manifest}: waiting for another process checking it ({lock.lock_file})", file=sys.stderr)
             lock.acquire()
         try:
-            record = CheckRecord(folder / "checked.sqlite")
+            self.check_record = CheckRecord(folder / "checked.sqlite")
             if self.cache == "disk":
                 self.slice_cache = SliceCache.for_grid(folder, img_size=self.img_size, read_options=self.read_options)
             try:
-                return validate_manifest_files(
-                    table, on_bad_file=self.on_bad_file, record=record, cache=self.slice_cache, **self.read_options
+                checked = validate_manifest_files(
+                    table,
+                    on_bad_file=self.on_bad_file,
+                    record=self.check_record,
+                    cache=self.slice_cache,
+                    **self.read_options,
                 )
             finally:
-                record.close()
+                self.check_record.close()
         finally:
             lock.release()
+        rank_zero_info(
+            f"{manifest}: {len(table)} rows checked, {self.check_record.added} files read"
+            + (f", {self.slice_cache.written} slices cached" if self.slice_cache is not None else "")
+            + f" (verdicts in {self.check_record.path})"
+        )
+        return checked
 
     def _scan_rows(self, require_labels: bool) -> pd.DataFrame:
         """The slices of ``scans`` as manifest rows (unlabelled, no split), read once."""

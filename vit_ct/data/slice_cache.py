@@ -89,6 +89,7 @@ class SliceCache:
         self.folder = Path(folder)
         self.img_size = img_size
         self.folder.mkdir(parents=True, exist_ok=True)
+        self.written = 0  # slots this object committed: slices preprocessed by this process
         self._db: sqlite3.Connection | None = None
         self._maps: tuple[np.memmap | None, np.memmap | None] | None = None
         self._maps_writable = False
@@ -198,6 +199,7 @@ class SliceCache:
                 "UPDATE slots SET rows = ?, cols = ?, spacing_rows = ?, spacing_cols = ?, done = 1 WHERE slot = ?",
                 [(*info.shape, *(info.spacing_mm or (None, None)), slot) for slot, info in written],
             )
+        self.written += len(written)
         for slot, info in written:
             self.done[slot] = True
             self.shapes[slot] = info.shape
@@ -250,7 +252,7 @@ class SliceCache:
         else:
             mask = torch.zeros(1, *self._slot_shape, dtype=torch.uint8)
         rows, cols = (int(v) for v in self.shapes[slot])
-        spacing = None if np.isnan(self.spacings[slot]).any() else tuple(self.spacings[slot])
+        spacing = None if np.isnan(self.spacings[slot]).any() else tuple(float(v) for v in self.spacings[slot])
         return {
             "hu": torch.from_numpy(np.array(hu_map[slot]))[None],  # a copy: the map stays read-only
             "mask": mask,
