@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -150,12 +151,21 @@ def plain_pydicom(manifest: Path, n: int) -> float:
     return len(paths) / (time.perf_counter() - start)
 
 
-def fit_until_first_step(manifest: Path, cache: str, cache_dir: Path, workdir: Path) -> float:
-    """Seconds from starting `vit-ct fit` to the start of its first training step."""
-    stamp = workdir / "first_step.txt"
+# `vit-ct fit` as its entry point runs it, stamping when its imports are done (they vary by seconds on a busy machine)
+_FIT = """import sys, time
+from pathlib import Path
+from vit_ct.cli import main
+Path(sys.argv[1]).write_text(str(time.time()))
+main(sys.argv[2:])
+"""
+
+
+def fit_until_first_step(manifest: Path, cache: str, cache_dir: Path, workdir: Path) -> tuple[float, float]:
+    """Seconds from starting `vit-ct fit` to the start of its first training step, and from its imports' end."""
+    stamp, imported = workdir / "first_step.txt", workdir / "imported.txt"
     stamp.unlink(missing_ok=True)
     command = [
-        str(Path(sys.executable).with_name("vit-ct")), "fit", "--config", str(ROOT / "configs" / "rsna_ich.yaml"),
+        sys.executable, "-c", _FIT, str(imported), "fit", "--config", str(ROOT / "configs" / "rsna_ich.yaml"),
         "--data.manifest", str(manifest), "--data.init_args.cache", cache, "--data.init_args.num_workers", "2",
         "--model.embed_dim", "32", "--model.depth", "2", "--model.num_heads", "2", "--trainer.max_steps", "1",
         "--trainer.limit_val_batches", "0", "--trainer.logger", "false", "--trainer.accelerator", "cpu",
@@ -169,7 +179,8 @@ def fit_until_first_step(manifest: Path, cache: str, cache_dir: Path, workdir: P
     result = subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True)
     if result.returncode != 0 or not stamp.exists():
         raise RuntimeError(f"vit-ct fit failed:\n{result.stderr[-4000:]}")
-    return float(stamp.read_text()) - start
+    first_step = float(stamp.read_text())
+    return first_step - start, first_step - float(imported.read_text())
 
 
 def worker_memory_mib() -> list[tuple[float, float]]:
@@ -181,9 +192,10 @@ def worker_memory_mib() -> list[tuple[float, float]]:
     return out
 
 
-def loader_rate(manifest: Path, *, cache, cache_dir: Path, workers: int, limit: int) -> tuple[float, list]:
-    """Slices/s of one pass over up to ``limit`` training slices (windows applied on the CPU, as a CPU run does),
-    after a first pass; and the workers' memory after it."""
+def loader_rates(manifest: Path, *, cache, cache_dir: Path, workers: int, limit: int) -> tuple[dict, list]:
+    """Slices/s at the median batch time over up to ``limit`` training slices: the loader alone (what feeds a GPU,
+    which windows the batches itself) and with the windows applied on the CPU (as a CPU run does), after a pass that
+    starts the workers and fills the page cache; and the workers' memory after it."""
     from vit_ct.data.datamodule import CTSliceDataModule
 
     data = CTSliceDataModule(
@@ -192,23 +204,26 @@ def loader_rate(manifest: Path, *, cache, cache_dir: Path, workers: int, limit: 
     )  # fmt: skip
     data.setup("fit")
     loader = data.train_dataloader()
-    rates = []
-    for _ in range(2):  # the first pass starts the workers and warms the page cache
-        count, start = 0, time.perf_counter()
+    rates = {}
+    for name in ("warm-up", "loader", "windows on the CPU"):
+        times, count, start = [], 0, time.perf_counter()
         for batch in loader:
-            data.on_after_batch_transfer(batch, 0)
+            if name == "windows on the CPU":
+                data.on_after_batch_transfer(batch, 0)
             count += len(batch["index"])
+            times.append(time.perf_counter() - start)
+            start = time.perf_counter()
             if count >= limit:
                 break
-        rates.append(count / (time.perf_counter() - start))
+        rates[name] = data.batch_size / float(np.median(times[1:]))  # the first batch waits for the workers
     memory = worker_memory_mib() if workers else []
     del loader
-    return rates[-1], memory
+    return rates, memory
 
 
-def litdata_rate(manifest: Path, cache_dir: Path, workdir: Path, *, workers: int, limit: int) -> float | None:
-    """Slices/s of litdata's StreamingDataset over the same cached HU, optimised into its shards; None without
-    litdata (it is not a dependency of vit-ct)."""
+def litdata_rates(manifest: Path, cache_dir: Path, workdir: Path, *, workers: int, limit: int) -> dict | None:
+    """Slices/s of litdata's StreamingDataLoader over ``limit`` slices of the same cached HU, optimised into its
+    shards, read in order and shuffled; None without litdata (not a dependency of vit-ct)."""
     try:
         import litdata
     except ImportError:
@@ -216,21 +231,24 @@ def litdata_rate(manifest: Path, cache_dir: Path, workdir: Path, *, workers: int
     from vit_ct.data.slice_cache import SliceCache, cache_folder
 
     output = workdir / "litdata"
-    if not (output / "index.json").exists():
-        store = SliceCache.for_grid(cache_folder(cache_dir, manifest), img_size=256,
-                                    read_options={"modalities": ["CT"], "stored_values_are_hu": False})  # fmt: skip
-        slots = np.flatnonzero(store.done)[:limit]
-        litdata.optimize(fn=_litdata_item, inputs=[(str(store.folder), int(s)) for s in slots],
-                         output_dir=str(output), chunk_bytes="64MB", num_workers=2)  # fmt: skip
-    dataset = litdata.StreamingDataset(str(output), shuffle=True)
-    loader = litdata.StreamingDataLoader(dataset, batch_size=64, num_workers=workers)
-    rates = []
-    for _ in range(2):
-        count, start = 0, time.perf_counter()
-        for batch in loader:
-            count += len(batch["hu"])
-        rates.append(count / (time.perf_counter() - start))
-    return rates[-1]
+    shutil.rmtree(output, ignore_errors=True)
+    store = SliceCache.for_grid(cache_folder(cache_dir, manifest), img_size=256,
+                                read_options={"modalities": ["CT"], "stored_values_are_hu": False})  # fmt: skip
+    slots = np.flatnonzero(store.done)[:limit]
+    litdata.optimize(fn=_litdata_item, inputs=[(str(store.folder), int(s)) for s in slots],
+                     output_dir=str(output), chunk_bytes="64MB", num_workers=2)  # fmt: skip
+    rates = {}
+    for shuffle in (False, True):
+        loader = litdata.StreamingDataLoader(
+            litdata.StreamingDataset(str(output), shuffle=shuffle), batch_size=64, num_workers=workers
+        )
+        for _ in range(2):  # the second pass counts
+            times, start = [], time.perf_counter()
+            for _batch in loader:
+                times.append(time.perf_counter() - start)
+                start = time.perf_counter()
+            rates["shuffled" if shuffle else "in order"] = 64 / float(np.median(times[1:]))
+    return rates
 
 
 def _litdata_item(source: tuple[str, int]) -> dict:
@@ -257,48 +275,54 @@ def main() -> None:
     print(f"archive: {args.n:,} slices, {size:.1f} GB (built or found in {time.perf_counter() - start:.0f} s)")
     small = head_of(manifest, args.small)
     cache_dir = args.folder / f"cache-{args.cache}"
+    shutil.rmtree(cache_dir, ignore_errors=True)  # the first-run rows start from nothing
     results: dict = {"n": args.n, "small": args.small, "cache": args.cache}
-    for run in ("first", "later"):
-        for name, path in (("small", small), ("large", manifest)):
-            seconds = fit_until_first_step(path, args.cache, cache_dir, args.folder)
-            results[f"{run}_{name}"] = seconds
-            print(f"{run} run, {name} manifest: {seconds:.1f} s to the first step", flush=True)
+    runs = [("first", "small", small), ("first", "large", manifest)]
+    runs += [("later", name, path) for _ in range(3) for name, path in (("small", small), ("large", manifest))]
+    for run, name, path in runs:  # later runs three times, alternating sizes: their median counts
+        seconds = fit_until_first_step(path, args.cache, cache_dir, args.folder)
+        results.setdefault(f"{run}_{name}", []).append(seconds)
+        print(f"{run} run, {name} manifest: {seconds[0]:.1f} s to the first step, {seconds[1]:.1f} s after imports")
     if args.rows == "all":
         results["pydicom"] = plain_pydicom(manifest, 2_000)
         print(f"plain pydicom: {results['pydicom']:.0f} slices/s", flush=True)
-        for workers in (0, 1, 2):
-            rate, memory = loader_rate(manifest, cache="disk", cache_dir=cache_dir, workers=workers, limit=args.n)
-            results[f"disk_{workers}"], results[f"memory_{workers}"] = rate, memory
-            print(f"disk cache, {workers} workers: {rate:.0f} slices/s; workers' MiB (anon, file) {memory}", flush=True)
-        results["memory_small"] = loader_rate(small, cache="disk", cache_dir=cache_dir, workers=2, limit=args.small)[1]
-        results["uncached_2"] = loader_rate(small, cache=False, cache_dir=cache_dir, workers=2, limit=args.small)[0]
-        results["litdata_2"] = litdata_rate(manifest, cache_dir, args.folder, workers=2, limit=args.n)
+        for workers in (0, 2):
+            rates, memory = loader_rates(manifest, cache="disk", cache_dir=cache_dir, workers=workers, limit=6_400)
+            results[f"disk_{workers}"], results[f"memory_{workers}"] = rates, memory
+            print(f"disk cache, {workers} workers: {rates} slices/s; workers' MiB (anon, file) {memory}", flush=True)
+        results["memory_small"] = loader_rates(small, cache="disk", cache_dir=cache_dir, workers=2, limit=1_280)[1]
+        results["uncached_2"] = loader_rates(small, cache=False, cache_dir=cache_dir, workers=2, limit=640)[0]
+        results["litdata_2"] = litdata_rates(manifest, cache_dir, args.folder, workers=2, limit=3_000)
         print(json.dumps(results, indent=1), flush=True)
     (args.folder / f"results-{args.cache}.json").write_text(json.dumps(results, indent=1))
     print_tables(results)
 
 
 def print_tables(r: dict) -> None:
-    n, small = r["n"], r["small"]
+    n, small, rest = r["n"], r["small"], 750_000 - r["small"]
     print(f"\n{n:,} slices (512 x 512 int16 DICOM), {os.cpu_count()} CPU cores\n")
-    print("| `vit-ct fit` to its first step | "
-          f"{small:,} slices | {n:,} slices | per slice (difference) | 750,000 slices |")  # fmt: skip
-    print("|---|---:|---:|---:|---:|")
+    print(f"| `vit-ct fit` to its first step (cache {r['cache']}) | {small:,} slices | {n:,} slices |"
+          " per slice (difference) | 750,000 slices |\n|---|---:|---:|---:|---:|")  # fmt: skip
     for run in ("first", "later"):
-        a, b = r[f"{run}_small"], r[f"{run}_large"]
-        per = (b - a) / (n - small)
-        rest = 750_000 - small
-        print(f"| {run} run (cache {r['cache']}) | {a:.1f} s | {b:.1f} s | {per * 1e3:.2f} ms |"
-              f" {a + per * rest:,.0f} s = {a:.1f} + {per * 1e3:.3f} ms x {rest:,} |")  # fmt: skip
+        for part, what in ((0, "from the command"), (1, "after its imports")):
+            a = float(np.median([t[part] for t in r[f"{run}_small"]]))
+            b = float(np.median([t[part] for t in r[f"{run}_large"]]))
+            per = (b - a) / (n - small)
+            print(f"| {run} run, {what} | {a:.1f} s | {b:.1f} s | {per * 1e3:.3f} ms |"
+                  f" {a + per * rest:,.0f} s = {a:.1f} s + {per * 1e3:.3f} ms x {rest:,} |")  # fmt: skip
     if "pydicom" not in r:
         return
     plain = r["pydicom"]
-    print("\n| reading | slices/s | x plain pydicom |\n|---|---:|---:|")
-    rows = [("plain `pydicom.dcmread(p).pixel_array`, 1 process", plain),
-            ("loader, no cache, 2 workers (the RSNA recipe before)", r["uncached_2"])]  # fmt: skip
-    rows += [(f"loader, disk cache, {w} workers, windows on the CPU", r[f"disk_{w}"]) for w in (0, 1, 2)]
-    if r.get("litdata_2"):
-        rows.append(("litdata `StreamingDataset` of the same HU, 2 workers, no windows", r["litdata_2"]))
+    print("\n| reading (slices/s at the median batch time) | slices/s | x plain pydicom |\n|---|---:|---:|")
+    rows = [("plain `pydicom.dcmread(p).pixel_array`, 1 process (total time)", plain),
+            ("loader, no cache (the RSNA recipe before), 2 workers", r["uncached_2"]["loader"])]  # fmt: skip
+    for w in (0, 2):
+        rows.append((f"loader, disk cache, {w} workers (batches as they reach a GPU)", r[f"disk_{w}"]["loader"]))
+        rows.append(
+            (f"loader, disk cache, {w} workers, windows applied on the CPU", r[f"disk_{w}"]["windows on the CPU"])
+        )
+    for order, value in (r.get("litdata_2") or {}).items():
+        rows.append((f"litdata `StreamingDataLoader` over the same HU ({order}), 2 workers", value))
     for name, value in rows:
         print(f"| {name} | {value:,.0f} | {value / plain:.1f} |")
     print("\n| loader workers' resident memory (MiB, anonymous / file-backed) | "

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from vit_ct.data.check_record import FileStat
-from vit_ct.data.model_input import grid_hu, grid_mask, model_grid_spacing
+from vit_ct.data.model_input import grid_hu, grid_mask
 
 CACHE_VERSION = 1  # bump when what a slot holds changes (resizing, padding, dtype), so that old slots are rebuilt
 HU_DTYPE = np.float16  # steps of 0.03 HU at brain values (32-64 HU), 0.5 HU near 1000 (bone): below any window's use
@@ -156,6 +156,8 @@ class SliceCache:
         `commit`: a key's own slot when its files changed, else a new one at the end (the files grow)."""
         slots = np.empty(len(keys), dtype=np.int64)
         mask_slots = np.full(len(keys), -1, dtype=np.int64)
+        if not keys:
+            return slots, mask_slots
         n_slots, n_masks = len(self.done), self.n_mask_slots
         rows = []
         for i, key in enumerate(keys):
@@ -241,24 +243,25 @@ class SliceCache:
         if mask is not None:
             mask_map[mask_slot] = grid_mask(mask, self.img_size)[0].numpy()
 
-    def item(self, slot: int) -> dict:
-        """Slot ``slot`` as a batch item before windowing (see `vit_ct.data.model_input.apply_windows`): ``hu``
-        ``(1, S, S)`` float16, ``mask`` ``(1, S, S)`` uint8 (zeros without a mask), ``has_mask``, ``source_shape``,
-        ``pixel_spacing_mm`` of the model grid."""
+    def batch(self, slots: np.ndarray) -> dict:
+        """Slots as a batch before windowing (`vit_ct.data.model_input.apply_windows`), in one gather from the maps:
+        ``hu`` ``(B, 1, S, S)`` float16, ``mask`` ``(B, 1, S, S)`` uint8 (zeros without a mask), ``has_mask``,
+        ``source_shape`` ``(B, 2)`` and ``pixel_spacing_mm`` ``(B,)`` of the model grid (NaN where unknown)."""
         hu_map, mask_map = self._open(writable=False)
-        mask_slot = int(self.mask_slots[slot])
-        if mask_slot >= 0:
-            mask = torch.from_numpy(np.array(mask_map[mask_slot]))[None]
-        else:
-            mask = torch.zeros(1, *self._slot_shape, dtype=torch.uint8)
-        rows, cols = (int(v) for v in self.shapes[slot])
-        spacing = None if np.isnan(self.spacings[slot]).any() else tuple(float(v) for v in self.spacings[slot])
+        mask_slots = self.mask_slots[slots]
+        has_mask = mask_slots >= 0
+        masks = np.zeros((len(slots), *self._slot_shape), dtype=np.uint8)
+        if has_mask.any():
+            masks[has_mask] = mask_map[mask_slots[has_mask]]
+        shapes = self.shapes[slots]
+        # the mean of row and column spacing, scaled from the padded square to the model grid (model_grid_spacing)
+        spacing = self.spacings[slots].mean(axis=1) * shapes.max(axis=1) / self.img_size
         return {
-            "hu": torch.from_numpy(np.array(hu_map[slot]))[None],  # a copy: the map stays read-only
-            "mask": mask,
-            "has_mask": torch.tensor(mask_slot >= 0),
-            "source_shape": torch.tensor([rows, cols]),
-            "pixel_spacing_mm": torch.tensor(model_grid_spacing(spacing, (rows, cols), self.img_size)),
+            "hu": torch.from_numpy(hu_map[slots])[:, None],  # a gather: a copy, the map stays read-only
+            "mask": torch.from_numpy(masks)[:, None],
+            "has_mask": torch.from_numpy(has_mask),
+            "source_shape": torch.from_numpy(shapes),
+            "pixel_spacing_mm": torch.from_numpy(spacing.astype(np.float32)),
         }
 
     def __getstate__(self) -> dict:
