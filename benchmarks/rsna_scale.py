@@ -266,6 +266,7 @@ def main() -> None:
     parser.add_argument("--small", type=int, default=2_000, help="slices of the smaller manifest")
     parser.add_argument("--rows", choices=["all", "startup"], default="all")
     parser.add_argument("--cache", default="disk", help="data.cache of the start-up rows (false: the old path)")
+    parser.add_argument("--repeats", type=int, default=3, help="later runs of each size (their median counts)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     args.folder.mkdir(parents=True, exist_ok=True)
@@ -278,7 +279,9 @@ def main() -> None:
     shutil.rmtree(cache_dir, ignore_errors=True)  # the first-run rows start from nothing
     results: dict = {"n": args.n, "small": args.small, "cache": args.cache}
     runs = [("first", "small", small), ("first", "large", manifest)]
-    runs += [("later", name, path) for _ in range(3) for name, path in (("small", small), ("large", manifest))]
+    runs += [
+        ("later", name, path) for _ in range(args.repeats) for name, path in (("small", small), ("large", manifest))
+    ]
     for run, name, path in runs:  # later runs three times, alternating sizes: their median counts
         seconds = fit_until_first_step(path, args.cache, cache_dir, args.folder)
         results.setdefault(f"{run}_{name}", []).append(seconds)

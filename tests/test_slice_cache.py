@@ -21,10 +21,10 @@ from pydicom.data import get_testdata_file
 from vit_ct.data.check_record import CheckRecord
 from vit_ct.data.datamodule import CTSliceDataModule
 from vit_ct.data.manifest import manifest_frame, read_manifest, validate_manifest_files
-from vit_ct.data.model_input import HEAD_HU, grid_hu
+from vit_ct.data.model_input import HEAD_HU, apply_windows, grid_hu
 from vit_ct.data.reader import load_ct_slice
 from vit_ct.data.slice_cache import SliceCache
-from vit_ct.data.windows import parse_windows
+from vit_ct.data.windows import parse_windows, stack_windows
 
 TESTS = Path(__file__).resolve().parent
 WINDOWS = ["brain", "subdural", "bone"]
@@ -182,6 +182,18 @@ def test_a_preprocessing_run_killed_mid_write_resumes_without_corrupt_slots(tmp_
     for (_, row), hu in zip(good.iterrows(), stored, strict=True):
         expected = grid_hu(load_ct_slice(row["image"], manifest_frame(row)), 32).half()
         assert torch.equal(hu, expected), row["image_ref"]
+
+
+def test_batch_windows_equal_stack_windows():
+    """Both paths window through `apply_windows`, in place; its values are `stack_windows`' own."""
+    hu = torch.randn(5, 1, 24, 24) * 800
+    windows = parse_windows(["brain", "subdural", "bone", "stroke", [0, 1]])
+    batch = apply_windows({"hu": hu.half(), "mask": torch.zeros(5, 1, 24, 24, dtype=torch.uint8)}, windows)
+    expected = torch.stack([stack_windows(h[0].half().float(), windows) for h in hu])
+    assert torch.equal(batch["image"], expected) and batch["image"].dtype == torch.float32
+    assert torch.equal(batch["head"], (hu.half().float() > HEAD_HU).float()) and batch["mask"].dtype == torch.float32
+    assert torch.equal(apply_windows({"hu": hu[0], "mask": torch.zeros(1, 24, 24)}, windows)["image"],
+                       stack_windows(hu[0, 0], windows))  # one item: (C, S, S)  # fmt: skip
 
 
 def test_cache_option_keeps_the_meaning_of_saved_configs(tmp_path):
