@@ -93,6 +93,26 @@ def test_cached_batches_equal_the_uncached_ones_within_float16s_step(tmp_path):
     assert torch.equal(item["image"], batch["image"][4]) and torch.equal(item["head"], batch["head"][4])
 
 
+def test_a_cache_without_masks_leaves_them_out_of_its_batches(tmp_path):
+    """RSNA has no masks: the loaders' batches carry none (a third fewer bytes), and the model still gets zeros."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    rng = np.random.default_rng(3)
+    lines = ["image,label,split"]
+    for i in range(6):
+        np.save(folder / f"s{i}.npy", (rng.normal(30, 400, (24, 20))).astype(np.float32))
+        lines.append(f"s{i}.npy,{i % 2},{'train' if i < 3 else 'val'}")
+    manifest = folder / "manifest.csv"
+    manifest.write_text("\n".join(lines) + "\n")
+    cached = data_module(manifest, "disk", tmp_path / "cache")
+    cached.setup("validate")
+    loaded = next(iter(cached.val_dataloader()))
+    assert "mask" not in loaded and not loaded["has_mask"].any()
+    batch = cached.on_after_batch_transfer(loaded, 0)
+    reference = val_batch(data_module(manifest, False, tmp_path / "cache"))
+    assert_equal_within_float16(batch, reference, grid_reference(cached, "val"), WINDOWS)
+
+
 def test_workers_share_the_cache_and_a_later_run_reads_nothing(tmp_path):
     manifest = mixed_manifest(tmp_path / "data")
     first = data_module(manifest, "disk", tmp_path / "cache")

@@ -38,7 +38,7 @@ def model_grid_spacing(spacing_mm: tuple[float, float] | None, shape: tuple[int,
 def apply_windows(item: dict, windows: Sequence[tuple[float, float]]) -> dict:
     """An item or batch holding ``hu`` ``(..., 1, S, S)`` on the model grid as the model reads it: ``image``
     ``(..., C, S, S)`` in [0, 1], one channel per window, ``head`` ``(..., 1, S, S)`` 0/1 (not air) and ``mask`` as
-    float 0/1; the other keys as they are. Runs on whatever device ``hu`` is on."""
+    float 0/1 (zeros when the item has none); the other keys as they are. Runs on whatever device ``hu`` is on."""
     hu = item["hu"].float()  # the disk cache holds float16
     out = {key: value for key, value in item.items() if key != "hu"}
     image = hu.new_empty((*hu.shape[:-3], len(windows), *hu.shape[-2:]))
@@ -50,6 +50,6 @@ def apply_windows(item: dict, windows: Sequence[tuple[float, float]]) -> dict:
     widths = torch.tensor([width for _, width in windows], device=image.device)[:, None, None]
     image.div_(widths).clamp_(0.0, 1.0)
     out["image"] = image
-    out["mask"] = item["mask"].float()
+    out["mask"] = item["mask"].float() if "mask" in item else torch.zeros_like(hu)  # no mask anywhere in the cache
     out["head"] = (hu > HEAD_HU).float()  # padding is air, so it is outside the head too
     return out

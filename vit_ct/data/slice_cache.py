@@ -245,24 +245,26 @@ class SliceCache:
 
     def batch(self, slots: np.ndarray) -> dict:
         """Slots as a batch before windowing (`vit_ct.data.model_input.apply_windows`), in one gather from the maps:
-        ``hu`` ``(B, 1, S, S)`` float16, ``mask`` ``(B, 1, S, S)`` uint8 (zeros without a mask), ``has_mask``,
+        ``hu`` ``(B, 1, S, S)`` float16, ``mask`` ``(B, 1, S, S)`` uint8 (zeros without a mask; left out when the
+        cache holds no mask at all, as for RSNA: zeros are made where the batch lands), ``has_mask``,
         ``source_shape`` ``(B, 2)`` and ``pixel_spacing_mm`` ``(B,)`` of the model grid (NaN where unknown)."""
         hu_map, mask_map = self._open(writable=False)
         mask_slots = self.mask_slots[slots]
         has_mask = mask_slots >= 0
-        masks = np.zeros((len(slots), *self._slot_shape), dtype=np.uint8)
-        if has_mask.any():
-            masks[has_mask] = mask_map[mask_slots[has_mask]]
         shapes = self.shapes[slots]
         # the mean of row and column spacing, scaled from the padded square to the model grid (model_grid_spacing)
         spacing = self.spacings[slots].mean(axis=1) * shapes.max(axis=1) / self.img_size
-        return {
+        batch = {
             "hu": torch.from_numpy(hu_map[slots])[:, None],  # a gather: a copy, the map stays read-only
-            "mask": torch.from_numpy(masks)[:, None],
             "has_mask": torch.from_numpy(has_mask),
             "source_shape": torch.from_numpy(shapes),
             "pixel_spacing_mm": torch.from_numpy(spacing.astype(np.float32)),
         }
+        if mask_map is not None:
+            masks = np.zeros((len(slots), *self._slot_shape), dtype=np.uint8)
+            masks[has_mask] = mask_map[mask_slots[has_mask]]
+            batch["mask"] = torch.from_numpy(masks)[:, None]
+        return batch
 
     def __getstate__(self) -> dict:
         # Sent to worker processes without the index connection and maps; each reopens its own maps when it reads.
