@@ -37,7 +37,7 @@ from vit_ct.data.manifest import (
 from vit_ct.data.model_input import HEAD_HU, apply_windows, model_grid_spacing
 from vit_ct.data.scans import Scan, Skipped, find_scans, scan_table
 from vit_ct.data.slice_cache import SliceCache, cache_folder
-from vit_ct.data.slice_dataset import CTBatch, CTSliceDataset, slice_item
+from vit_ct.data.slice_dataset import CTBatch, CTSliceDataset, collate, slice_item
 from vit_ct.data.splits import SPLIT_FRACTIONS
 from vit_ct.data.windows import parse_windows
 
@@ -311,6 +311,7 @@ class CTSliceDataModule(L.LightningDataModule):
             persistent_workers=self.num_workers > 0,
             pin_memory=self._pin_memory(),
             drop_last=False,
+            collate_fn=collate,
         )
 
     def _pin_memory(self) -> bool:
@@ -341,6 +342,7 @@ class CTSliceDataModule(L.LightningDataModule):
             persistent_workers=self.num_workers > 0,
             pin_memory=self._pin_memory(),
             drop_last=False,
+            collate_fn=collate,
         )
 
     def _evaluation_loader(self, dataset: CTSliceDataset) -> DataLoader:

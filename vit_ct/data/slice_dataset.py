@@ -5,13 +5,13 @@ read from the files, from memory, or from the disk cache.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TypedDict
+from typing import Any, TypedDict
 
 import numpy as np
 import pandas as pd
 import torch
 from rich.progress import track
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, default_collate
 
 from vit_ct.data.distributed import decode_index
 from vit_ct.data.manifest import manifest_frame
@@ -151,13 +151,13 @@ class CTSliceDataset(Dataset):
             for index in track(rows, description=description, transient=True):
                 self.load(index)
 
-    def _stored_items(self, sampled: Sequence[int]) -> list[dict]:
-        """Items of sampler indices from the disk cache in one gather, as views of the batch they make up."""
+    def _stored_items(self, sampled: Sequence[int]) -> CachedBatch:
+        """Items of sampler indices from the disk cache, in one gather."""
         rows, valid = zip(*(decode_index(i) for i in sampled), strict=True)
         rows = np.array(rows)
         batch = self.store.batch(self.slots[rows])
         batch.update(label=self.labels[rows], index=torch.from_numpy(rows), valid=torch.tensor(valid))
-        return [{key: value[i] for key, value in batch.items()} for i in range(len(rows))]
+        return CachedBatch(batch)
 
     def __getitem__(self, index: int) -> CTBatch:
         if self.store is not None:
@@ -165,7 +165,26 @@ class CTSliceDataset(Dataset):
         index, valid = decode_index(index)  # a DDP padding repeat arrives as -1 - index (vit_ct.data.distributed)
         return dict(self.load(index), valid=torch.tensor(valid))
 
-    def __getitems__(self, indices: Sequence[int]) -> list[CTBatch]:
-        """What a DataLoader fetches per batch (it collates these items): from the disk cache one gather per batch,
-        which reads ~6x faster than slice by slice (``benchmarks/rsna_scale.py``)."""
+    def __getitems__(self, indices: Sequence[int]) -> Sequence[CTBatch]:
+        """What a DataLoader fetches per batch (it collates these items): from the disk cache, one gather per batch
+        (about twice the rate of slice by slice, ``benchmarks/rsna_scale.py``)."""
         return self._stored_items(indices) if self.store is not None else [self[i] for i in indices]
+
+
+class CachedBatch(Sequence):
+    """The items of one batch read whole from the disk cache: views of ``batch`` for any collate function, and the
+    batch itself for `collate`, which hands it on instead of stacking the views into a second copy."""
+
+    def __init__(self, batch: dict) -> None:
+        self.batch = batch
+
+    def __len__(self) -> int:
+        return len(self.batch["index"])
+
+    def __getitem__(self, i: int) -> dict:
+        return {key: value[i] for key, value in self.batch.items()}
+
+
+def collate(items: Sequence[Any]) -> Any:
+    """``default_collate``, except that a batch read whole from the disk cache passes as it is."""
+    return items.batch if isinstance(items, CachedBatch) else default_collate(items)
