@@ -167,7 +167,8 @@ class CTSliceDataset(Dataset):
 
     def __getitems__(self, indices: Sequence[int]) -> Sequence[CTBatch]:
         """What a DataLoader fetches per batch (it collates these items): from the disk cache, one gather per batch
-        (about twice the rate of slice by slice, ``benchmarks/rsna_scale.py``)."""
+        instead of a round of Python per slice (which read 860 slices/s against 1,790 in a side-by-side run, one
+        process on a shared 2-core VM)."""
         return self._stored_items(indices) if self.store is not None else [self[i] for i in indices]
 
 
