@@ -124,3 +124,28 @@ def test_an_unwritable_cache_folder_is_named(tmp_path):
     data = CTSliceDataModule(str(manifest), num_workers=0, cache_dir=str(blocker))
     with pytest.raises(ValueError, match=f"cannot use the cache folder {blocker}.*--data.init_args.cache_dir"):
         data.check("fit")
+
+
+_CHECK = """
+import sys
+from vit_ct.data.datamodule import CTSliceDataModule
+data = CTSliceDataModule(sys.argv[1], img_size=16, num_workers=0, cache="disk", cache_dir=sys.argv[2])
+data.check("fit")
+print("read, cached:", data.check_record.added, data.slice_cache.written)
+"""
+
+
+@pytest.mark.slow
+def test_processes_checking_one_manifest_at_once_read_its_files_once(tmp_path):
+    """As torchrun or SLURM start DDP ranks: together. One checks and caches; the other waits, then reads nothing."""
+    import subprocess
+    import sys
+
+    manifest = write_npy_manifest(tmp_path / "data", train=30, val=5)
+    command = [sys.executable, "-c", _CHECK, str(manifest), str(tmp_path / "cache")]
+    ranks = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outputs = [rank.communicate(timeout=600) for rank in ranks]
+    assert [rank.returncode for rank in ranks] == [0, 0], outputs
+    lines = [next(line for line in out.splitlines() if line.startswith("read, cached:")) for out, _ in outputs]
+    counts = sorted(tuple(int(v) for v in line.split()[2:]) for line in lines)
+    assert counts == [(0, 0), (37 + 37, 37)]  # every slice and mask read once, by one of them
