@@ -270,7 +270,8 @@ def main() -> None:
     parser.add_argument("--folder", type=Path, required=True, help="where the archive, manifests and cache live")
     parser.add_argument("--n", type=int, default=20_000, help="slices in the archive")
     parser.add_argument("--small", type=int, default=2_000, help="slices of the smaller manifest")
-    parser.add_argument("--rows", choices=["all", "startup", "reading"], default="all")
+    parser.add_argument("--rows", choices=["all", "startup", "later", "reading"], default="all",
+                        help="later: only the later runs, on the cache an earlier call built")  # fmt: skip
     parser.add_argument("--cache", default="disk", help="data.cache of the start-up rows (false: the old path)")
     parser.add_argument("--repeats", type=int, default=3, help="later runs of each size (their median counts)")
     args = parser.parse_args()
@@ -288,18 +289,17 @@ def main() -> None:
     runs += [
         ("later", name, path) for _ in range(args.repeats) for name, path in (("small", small), ("large", manifest))
     ]
-    if args.rows == "reading":  # the start-up rows of an earlier call, whose cache this one reads
-        runs = []
-        results.update(
-            {k: v for k, v in json.loads(results_file.read_text()).items() if k.startswith(("first", "later"))}
-        )
+    if args.rows in ("reading", "later"):  # rows of an earlier call, whose cache this one reads
+        kept = ("first", "later") if args.rows == "reading" else ("first",)
+        results.update({k: v for k, v in json.loads(results_file.read_text()).items() if k.startswith(kept)})
+        runs = [run for run in runs if run[0] == "later"] if args.rows == "later" else []
     else:
         shutil.rmtree(cache_dir, ignore_errors=True)  # the first-run rows start from nothing
     for run, name, path in runs:  # later runs three times, alternating sizes: their median counts
         seconds = fit_until_first_step(path, args.cache, cache_dir, args.folder)
         results.setdefault(f"{run}_{name}", []).append(seconds)
         print(f"{run} run, {name} manifest: {seconds[0]:.1f} s to the first step, {seconds[1]:.1f} s after imports")
-    if args.rows != "startup":
+    if args.rows in ("all", "reading"):
         results["pydicom"] = plain_pydicom(manifest, 2_000)
         print(f"plain pydicom: {results['pydicom']:.0f} slices/s", flush=True)
         for workers in (0, 2):
