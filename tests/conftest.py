@@ -51,10 +51,13 @@ def synthetic_set(tmp_path_factory):
     return data.manifest_path()
 
 
-def tiny_data_args(manifest) -> list[str]:
-    """CLI overrides that point configs/demo.yaml's synthetic data at the tiny set."""
+def tiny_data_args(manifest, *, img_size: int | None = 32) -> list[str]:
+    """CLI overrides that point configs/demo.yaml's synthetic data at the tiny set; ``img_size`` None keeps the
+    input size the configs resolve to (the README's chains run at it)."""
     root = str(manifest.parent)
+    size = ["--data.init_args.img_size", str(img_size)] if img_size else []
     return [
+        *size,
         "--data.init_args.root",
         root,
         "--data.init_args.n_patients",
@@ -63,8 +66,6 @@ def tiny_data_args(manifest) -> list[str]:
         "4",
         "--data.init_args.slice_size",
         "64",
-        "--data.init_args.img_size",
-        "32",
         "--data.init_args.batch_size",
         "8",
     ]

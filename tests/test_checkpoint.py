@@ -22,7 +22,7 @@ from vit_ct.checkpoint import WANDB_RUN_ID, AtomicCheckpointIO, read_wandb_run_i
 from vit_ct.cli import main
 
 TESTS = Path(__file__).resolve().parent
-TINY = {"embed_dim": 32, "depth": 2, "num_heads": 2, "img_size": 32}
+TINY = {"embed_dim": 32, "depth": 2, "num_heads": 2, "img_size": 32, "in_chans": 1}
 
 
 class Payload:
@@ -113,7 +113,7 @@ def test_timm_state_dict_loads_like_timm_own_pretrained_loader(tmp_path):
     source = timm.create_model("vit_tiny_patch16_224", embed_dim=32, depth=2, num_heads=2, img_size=64, num_classes=5)
     path = tmp_path / "timm.pth"
     torch.save(source.state_dict(), path)
-    ours = ViTClassifier(**TINY, stem="patch", in_chans=1, num_classes=2, weights=str(path)).vit.state_dict()
+    ours = ViTClassifier(**TINY, stem="patch", num_classes=2, weights=str(path)).vit.state_dict()
     theirs = timm.create_model(
         "vit_tiny_patch16_224", pretrained=True, pretrained_cfg_overlay={"file": str(path), "num_classes": 5},
         embed_dim=32, depth=2, num_heads=2, img_size=32, in_chans=1, num_classes=2,
@@ -129,10 +129,10 @@ def test_conv_stem_input_channels_are_adapted_like_timm_adapts_a_linear_one(tmp_
     """The demo's weights (conv stem, brain + subdural windows) start a model with other windows: the stem's first
     conv is adapted by timm's rule (-> 1 channel: the kernels summed; -> 3: repeated, scaled by 2 / 3)."""
     torch.manual_seed(0)
-    demo = ViTClassifier(**TINY, in_chans=2)
+    demo = ViTClassifier(**{**TINY, "in_chans": 2})
     path = tmp_path / "demo.ckpt"
     torch.save({"state_dict": demo.state_dict()}, path)
-    ours = ViTClassifier(**TINY, in_chans=in_chans, weights=str(path)).state_dict()
+    ours = ViTClassifier(**{**TINY, "in_chans": in_chans}, weights=str(path)).state_dict()
     first = demo.state_dict()["vit.patch_embed.proj.0.weight"]  # (24, 2, 3, 3)
     expected = first.sum(1, keepdim=True) if in_chans == 1 else first[:, [0, 1, 0]] * 2 / 3
     torch.testing.assert_close(ours["vit.patch_embed.proj.0.weight"], expected)
@@ -160,7 +160,7 @@ def test_ema_callback_saves_the_average_weights(tmp_path):
             self.after_step.append({k: v.detach().clone() for k, v in pl_module.state_dict().items()})
 
     torch.manual_seed(0)
-    data = CTSliceDataModule(str(manifest), img_size=32, batch_size=2, num_workers=0)
+    data = CTSliceDataModule(str(manifest), windows="brain", img_size=32, batch_size=2, num_workers=0)
     record, decay = RecordWeights(), 0.5
     trainer = L.Trainer(
         max_epochs=1, logger=False, enable_progress_bar=False, limit_val_batches=0, default_root_dir=tmp_path,

@@ -62,7 +62,10 @@ def test_configs_compose_later_ones_winning(capsys, tmp_path):
     assert parsed["model"]["weights"] == "demo.ckpt"
     demo = yaml.safe_load(Path(DEMO).read_text())
     assert parsed["trainer"]["max_epochs"] == demo["trainer"]["max_epochs"]  # the demo model and recipe stay
-    assert parsed["data"]["init_args"]["windows"] == demo["data"]["init_args"]["windows"]  # and the demo's windows
+    # and the demo's input: the code's defaults, which neither config overrides (one place says what the demo sees)
+    assert parsed["data"]["init_args"]["windows"] == ["brain", "subdural"]
+    assert parsed["data"]["init_args"]["img_size"] == 192
+    assert "windows" not in demo["data"]["init_args"] and "img_size" not in demo["data"]["init_args"]
 
 
 def test_unknown_config_key_is_an_error(capsys):
@@ -149,9 +152,7 @@ def test_fit_then_predict_through_the_real_command(synthetic_set, tmp_path):
     run = _vit_ct("predict", *common, *predict, "--trainer.precision", "32-true", cwd=tmp_path)
     assert "dirpath has changed" not in run.stdout + run.stderr  # predict restores no checkpoint callback
     table = pd.read_csv(out / "predictions.csv")
-    data = CTSliceDataModule(
-        str(synthetic_set), img_size=32, windows=yaml.safe_load(Path(DEMO).read_text())["data"]["init_args"]["windows"]
-    )
+    data = CTSliceDataModule(str(synthetic_set), img_size=32)  # the demo's windows: the defaults
     test_rows = data.split_table("test")
     assert list(table["image"]) == list(test_rows["image_ref"])
     assert list(table["label"]) == list(test_rows["label"])

@@ -119,7 +119,7 @@ def test_weighted_sampler_draws_classes_about_evenly(tmp_path):
 def test_predict_on_an_unlabelled_manifest(tmp_path):
     names = write_slices(tmp_path, 3, size=8)
     manifest = write_csv(tmp_path, ["image", "patient_id"], [[name, f"p{i}"] for i, name in enumerate(names)])
-    data = CTSliceDataModule(str(manifest), img_size=16, num_workers=0)
+    data = CTSliceDataModule(str(manifest), windows="brain", img_size=16, num_workers=0)
     with pytest.raises(ValueError, match="lacks the 'label' column"):
         data.check("fit")
     data.setup("predict")
@@ -171,7 +171,7 @@ def test_slices_without_spacing_carry_nan(tmp_path):
 def test_npy_slices_load_without_the_not_writable_warning(tmp_path):
     names = write_slices(tmp_path, 4, size=8)
     data = CTSliceDataModule(str(write_csv(tmp_path, ["image", "label", "split"], [[n, 0, "train"] for n in names])),
-                             img_size=16, cache=False, num_workers=0)  # fmt: skip
+                             windows="brain", img_size=16, cache=False, num_workers=0)  # fmt: skip
     data.setup("predict")
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # torch: "The given NumPy array is not writable ..."
@@ -184,7 +184,7 @@ def test_accepted_modalities_reach_the_loader(tmp_path):
     manifest = str(write_csv(tmp_path, ["image", "label", "split"], [["mr.dcm", 0, "train"]]))
     with pytest.raises(ValueError, match="line 2: image .*mr.dcm: DICOM has Modality MR"):
         CTSliceDataModule(manifest, img_size=16, num_workers=0).setup("predict")
-    data = CTSliceDataModule(manifest, img_size=16, num_workers=0, modalities=["CT", "MR"])
+    data = CTSliceDataModule(manifest, windows="brain", img_size=16, num_workers=0, modalities=["CT", "MR"])
     with pytest.warns(UserWarning, match=r"1 of 1 slices are not CT \(MR 1\), accepted by modalities=\('CT', 'MR'\)"):
         data.setup("predict")
     assert next(iter(data.predict_dataloader()))["image"].shape == (1, 1, 16, 16)

@@ -139,7 +139,7 @@ def test_two_process_fit_and_validate(tmp_path):
     _vit_ct("validate", *common, *ddp, *probe, "--trainer.logger", "false", "--ckpt_path", str(best), cwd=tmp_path)
     validate = json.loads((tmp_path / "rec" / "validate-rank0.json").read_text())
     model = ViTClassifier.load_from_checkpoint(best, map_location="cpu").eval()
-    data = CTSliceDataModule(str(manifest), img_size=32, num_workers=0)
+    data = CTSliceDataModule(str(manifest), **model.input_contract.data_arguments(), num_workers=0)  # as trained
     data.setup("validate")
     batch = next(iter(torch.utils.data.DataLoader(data.datasets["val"], batch_size=5)))
     with torch.no_grad():

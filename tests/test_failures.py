@@ -24,7 +24,7 @@ from vit_ct.checkpoint import AtomicCheckpointIO
 from vit_ct.cli import main
 from vit_ct.metrics import DefinedBinaryAUROC, DefinedMulticlassAUROC, DefinedMultilabelAUROC
 
-TINY = {"embed_dim": 32, "depth": 2, "num_heads": 2, "img_size": 32}
+TINY = {"embed_dim": 32, "depth": 2, "num_heads": 2, "img_size": 32, "in_chans": 1}
 NO_LOGGER = ["--trainer.logger", "false"]
 
 
@@ -305,3 +305,102 @@ def test_two_process_predict_writes_each_slice_once(data, tmp_path):
     run = _command(*args, "--data.init_args.predict_split", "test", "--overwrite", "true", cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
     assert len(pd.read_csv(out / "predictions.csv")) == 2 and len(list((out / "maps").iterdir())) == 2
+
+
+# --- the second probe: each case a new user hit, with the one line it now gets ---------------------------------------
+
+
+def test_ckpt_path_naming_a_folder_says_which_file_to_pass(data, tmp_path):
+    manifest, ckpt = data
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "last.ckpt").write_bytes(ckpt.read_bytes())
+    with pytest.raises(ValueError, match=rf"checkpoint {run} is a folder; .*it holds checkpoints/last.ckpt: pass that"):
+        main(["test", *manifest_args(manifest), *NO_LOGGER, "--ckpt_path", str(run)])
+
+
+def test_an_output_folder_that_cannot_be_made_is_refused_before_any_slice_is_read(data, tmp_path, monkeypatch):
+    _, ckpt = data
+    missing_manifest = tmp_path / "never-read.csv"  # an error about it would mean the slices were read first
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(ValueError, match=r"--output_dir .*a-file/out lies under .*a-file, which is a file"):
+        _predict(missing_manifest, ckpt, tmp_path / "a-file" / "out")
+    readonly = tmp_path / "readonly"
+    readonly.mkdir()
+    # as root (CI) every folder is writable: the check asks os.access, which is made to answer as for another user
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: Path(p) != readonly and real_access(p, mode))
+    with pytest.raises(ValueError, match=r"--output_dir .*readonly/out: cannot write in .*readonly \(permission"):
+        _predict(missing_manifest, ckpt, readonly / "out")
+    assert not [p for p in tmp_path.rglob(".out.*")]
+
+
+def test_skipped_files_are_listed_inside_the_output_folder(data, tmp_path):
+    manifest, ckpt = data
+    broken = manifest.parent / "s000.npy"
+    broken.write_bytes(b"not an array")
+    out = tmp_path / "out"
+    _predict(manifest, ckpt, out, "--data.init_args.on_bad_file", "skip")
+    skipped = pd.read_csv(out / "bad_files.csv")
+    assert skipped["path"].tolist() == [str(broken)] and skipped["line"].tolist() == [2]
+    assert not (tmp_path / "bad_files.csv").exists()  # the working folder: where it went before
+    assert len(pd.read_csv(out / "predictions.csv")) == 8
+
+
+def test_a_refused_rerun_still_removes_a_killed_runs_partial_folder(data, tmp_path):
+    manifest, ckpt = data
+    out = tmp_path / "out"
+    _predict(manifest, ckpt, out, "--data.init_args.predict_split", "val")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    leftover = tmp_path / f".out.{dead.pid}-0123abcd.partial"  # what a predict killed mid-run leaves
+    (leftover / "maps").mkdir(parents=True)
+    with pytest.raises(ValueError, match="is not empty"):
+        _predict(manifest, ckpt, out)
+    assert not leftover.exists()
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "said"),
+    [("--data.init_args.predict_split", "tset", "data.predict_split: got 'tset'; expected Literal['train', 'val',"
+      " 'test']"), ("--trainer.max_epochs", "x", "trainer.max_epochs: got 'x'; expected <class 'int'>")],
+)  # fmt: skip
+def test_a_value_of_the_wrong_kind_ends_in_one_line_naming_the_option(data, option, value, said, capsys):
+    manifest, _ = data
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", *manifest_args(manifest), *NO_LOGGER, option, value])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"vit-ct fit: error: {said} (`vit-ct fit --help` lists the options)"]  # no usage dump
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "said"),
+    [("--data.init_args.batch_size", "0", "data.batch_size must be a positive number of slices, got 0"),
+     ("--data.init_args.num_workers", "-1", "data.num_workers must be 0 (load in the main process) or more, got -1"),
+     ("--data.init_args.windows", "[brian]", "data.windows: unknown window preset 'brian'")],
+)  # fmt: skip
+def test_a_value_the_data_refuses_is_reported_without_the_parsers_dump(data, option, value, said, capsys):
+    from vit_ct.cli import _print_error
+
+    manifest, _ = data
+    with pytest.raises(ValueError) as error:  # from Python the error is raised; the command prints it
+        main(["fit", *manifest_args(manifest), *NO_LOGGER, option, value])
+    assert _print_error(error.value) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith(f"vit-ct: error: {said}") and len(err) == 2  # the message, then where it was raised
+    assert "Given value" not in "\n".join(err) and "datamodule.py" in err[1]
+
+
+@pytest.mark.slow
+def test_predict_with_a_checkpoint_prints_no_warning_a_user_cannot_act_on(data, tmp_path):
+    manifest, _ = data
+    _command("fit", *manifest_args(manifest), *NO_LOGGER, "--trainer.max_epochs", "1", "--trainer.default_root_dir",
+             str(tmp_path / "run"), cwd=tmp_path)  # fmt: skip
+    ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    run = _command("predict", *manifest_args(manifest), *NO_LOGGER, "--ckpt_path", str(ckpt), "--output_dir",
+                   str(tmp_path / "out"), cwd=tmp_path)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    output = run.stdout + run.stderr
+    assert "callbacks used to create the checkpoint need to be provided" not in output
+    assert "LeafSpec" not in output and "Warning" not in output, output[-3000:]

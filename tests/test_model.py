@@ -4,19 +4,24 @@ import pytest
 import timm
 import torch
 
+from vit_ct import CTSliceDataModule
 from vit_ct.model import ViTClassifier, warmup_cosine
 
-TINY = {"img_size": 32, "embed_dim": 32, "depth": 2, "num_heads": 2}
+TINY = {"img_size": 32, "in_chans": 1, "embed_dim": 32, "depth": 2, "num_heads": 2}
 
 
 def test_default_is_the_demo_model():
     model = ViTClassifier()
     vit = model.vit
     assert vit.patch_embed.patch_size == (16, 16)
-    assert vit.patch_embed.grid_size == (8, 8)
+    assert vit.patch_embed.grid_size == (12, 12)  # 192 x 192 input
     assert vit.num_prefix_tokens == 1 and vit.cls_token is not None
     assert isinstance(vit.pos_embed, torch.nn.Parameter) and vit.pos_embed.requires_grad  # learnable
-    assert vit.pos_embed.shape == (1, 65, 192)
+    assert vit.pos_embed.shape == (1, 145, 192)
+    # the data module's defaults prepare exactly this input: brain and subdural windows at 192 x 192
+    data = CTSliceDataModule("m.csv")
+    assert (data.img_size, data.num_channels) == (model.hparams.img_size, model.hparams.in_chans) == (192, 2)
+    assert data.windows == [(40.0, 80.0), (80.0, 200.0)]
     assert len(vit.blocks) == 6
     assert vit.blocks[0].norm1 is not None  # pre-norm blocks
     assert vit.blocks[0].attn.scale == pytest.approx(vit.blocks[0].attn.head_dim ** -0.5)  # 1/sqrt(d_k)
@@ -24,7 +29,7 @@ def test_default_is_the_demo_model():
 
 def test_logits_equal_timm_own_model():
     torch.manual_seed(0)
-    model = ViTClassifier(**TINY, stem="patch", in_chans=3, num_classes=4, drop_path_rate=0.0).eval()
+    model = ViTClassifier(**{**TINY, "in_chans": 3}, stem="patch", num_classes=4, drop_path_rate=0.0).eval()
     reference = timm.create_model(
         "vit_tiny_patch16_224",
         pretrained=False,
@@ -149,7 +154,7 @@ def saved_timm_vit(tmp_path, **kwargs):
 
 def test_weights_from_timm_state_dict_adapt_channels_grid_and_head(tmp_path):
     source, path = saved_timm_vit(tmp_path, num_classes=1000, in_chans=3, img_size=64)
-    model = ViTClassifier(**TINY, stem="patch", in_chans=1, num_classes=2, weights=str(path))
+    model = ViTClassifier(**TINY, stem="patch", num_classes=2, weights=str(path))
     state = source.state_dict()
     torch.testing.assert_close(model.vit.blocks[1].mlp.fc1.weight, state["blocks.1.mlp.fc1.weight"])
     # RGB kernels summed into one channel

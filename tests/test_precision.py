@@ -11,7 +11,7 @@ from npy_manifest import manifest_args, write_npy_manifest
 from vit_ct import ViTClassifier
 from vit_ct.cli import main
 
-TINY = {"embed_dim": 32, "depth": 2, "num_heads": 2, "img_size": 32, "patch_loss_weight": 1.0}
+TINY = {"embed_dim": 32, "depth": 2, "num_heads": 2, "img_size": 32, "in_chans": 1, "patch_loss_weight": 1.0}
 
 
 def _batch(seed: int = 0, size: int = 4) -> dict:

@@ -1,6 +1,8 @@
-"""Every command of the README's ```bash blocks runs, at tiny sizes on a tiny set, so that a documented command that
-stops working fails `make test`. The blocks are parsed from README.md: a new block is covered without editing this
-file, and a command this file cannot run fails until it is given a runner or a listed reason to skip.
+"""Every command of the README's ```bash blocks runs, on a tiny set with few steps but at the input sizes the configs
+really resolve to, so that a documented command that stops working, or a chain of them whose configs and checkpoints
+disagree (fit -> predict, the demo recipe on your own slices, a checkpoint's windows), fails `make test`. The blocks
+are parsed from README.md: a new block is covered without editing this file, and a command this file cannot run fails
+until it is given a runner or a listed reason to skip.
 """
 
 from __future__ import annotations
@@ -32,12 +34,12 @@ GPU_ONLY = "needs a GPU (--trainer.accelerator gpu)"
 HUB = "needs the network: a --model.pretrained tag's weights come from the Hugging Face hub (test_pretrained.py runs"
 HUB += " it offline)"
 
-# Tiny sizes, appended to a command (later arguments win), chosen by the configs it names.
-TINY_MANIFEST = ["--data.init_args.img_size", "32", "--data.init_args.batch_size", "4"]
-TINY_MANIFEST += ["--data.init_args.num_workers", "0"]
-TINY_SIMULATOR = ["--data.init_args.img_size", "32", "--data.init_args.slice_size", "64"]
-TINY_SIMULATOR += ["--data.init_args.epoch_size", "16", "--data.init_args.val_size", "8"]
-TINY_SIMULATOR += ["--data.init_args.batch_size", "8", "--data.init_args.num_workers", "0"]
+# Small data and few steps, appended to a command (later arguments win), chosen by the configs it names; never the
+# input size (data.img_size), which stays what the configs and checkpoints resolve to.
+TINY_MANIFEST = ["--data.init_args.batch_size", "4", "--data.init_args.num_workers", "0"]
+TINY_SIMULATOR = ["--data.init_args.slice_size", "64", "--data.init_args.epoch_size", "16"]
+TINY_SIMULATOR += ["--data.init_args.val_size", "8", "--data.init_args.batch_size", "8"]
+TINY_SIMULATOR += ["--data.init_args.num_workers", "0"]
 # The README's placeholders: "a checkpoint of yours" (the newest run's last checkpoint), a DICOM archive and a NIfTI
 # volume (built by user_files); replaced also inside an argument, as in `[DICOM_DIR]`.
 PLACEHOLDERS = {"CKPT": "runs/latest/checkpoints/last.ckpt", "DICOM_DIR": "dicom", "VOLUME.nii.gz": "volume.nii.gz"}
@@ -97,7 +99,7 @@ def tiny_args(argv: list[str], synthetic_set: Path) -> list[str]:
     elif configs & {"manifest.yaml", "finetune.yaml", "rsna_ich.yaml"}:
         args += TINY_MANIFEST
     elif "demo.yaml" in configs:
-        args += tiny_data_args(synthetic_set)
+        args += tiny_data_args(synthetic_set, img_size=None)
     if argv[1] == "fit":
         args += ["--trainer.max_epochs", "1"]
     if "ddp" in argv:  # one process here; DDP itself is tested on 2 CPU processes in test_distributed.py
@@ -116,7 +118,7 @@ def runnable(command: Command, synthetic_set: Path) -> list[str]:
         return [sys.executable, *argv[1:]]
     if argv[:2] == ["make", "demo"]:
         # Never reinstall (-o: no network in tests); the demo's own commands with tiny sizes, in this folder.
-        tiny = [*tiny_data_args(synthetic_set), *TINY_MODEL_ARGS, "--trainer.max_epochs", "1"]
+        tiny = [*tiny_data_args(synthetic_set, img_size=None), *TINY_MODEL_ARGS, "--trainer.max_epochs", "1"]
         return ["make", "-f", str(ROOT / "Makefile"), "-o", f"{VENV}/.installed", f"VENV={VENV}",
                 f"ARGS={shlex.join(tiny)}", *argv[1:]]  # fmt: skip
     if argv[0] == "make":
@@ -201,3 +203,42 @@ def test_readme_block_runs(block, tmp_path, synthetic_set):
     if not ran:
         pytest.skip("every command of this block is skipped: " + "; ".join(filter(None, map(skip_reason, block))))
     shutil.rmtree(tmp_path / "runs", ignore_errors=True)
+
+
+def documented_runs() -> list[Command]:
+    """The README's `vit-ct fit / validate / test / predict` commands that run here."""
+    runs = ("fit", "validate", "test", "predict")
+    return [c for b in BLOCKS for c in b if c.argv[:1] == ["vit-ct"] and c.argv[1] in runs and not skip_reason(c)]
+
+
+@pytest.mark.slow
+def test_every_documented_composition_gives_the_model_the_input_its_checkpoint_expects(
+    tmp_path, synthetic_set, monkeypatch
+):
+    """Each documented command built as `vit-ct` builds it (its configs composed, `CKPT` a demo checkpoint at the demo's
+    own input size, placeholders filled) but not run: the model is built for the data's input, and where the command
+    names a checkpoint (`--ckpt_path`, or a vit-ct checkpoint in `--model.weights`) the data prepares slices exactly
+    as that checkpoint records, whatever the configs say."""
+    from vit_ct.checkpoint import read_checkpoint
+    from vit_ct.cli import VitCTCLI, main
+    from vit_ct.data.contract import InputContract
+
+    user_files(tmp_path, synthetic_set)
+    monkeypatch.chdir(tmp_path)
+    main(["fit", "--config", "configs/demo.yaml", *tiny_data_args(synthetic_set, img_size=None), *TINY_MODEL_ARGS,
+          "--trainer.max_epochs", "1", "--test_after_fit", "false"])  # fmt: skip
+    demo = InputContract.from_checkpoint(read_checkpoint(PLACEHOLDERS["CKPT"]))
+    assert (demo.img_size, len(demo.windows)) == (192, 2)  # the demo's input, recorded in its checkpoint
+    monkeypatch.setattr(VitCTCLI, "_run_subcommand", lambda self, subcommand: None)  # build, do not run
+    commands = documented_runs()
+    assert sum("--ckpt_path" in c.argv for c in commands) >= 3 and any("--model.weights" in c.argv for c in commands)
+    for command in commands:
+        argv = [fill_placeholders(a) for a in command.argv[1:]]
+        cli = main([*argv, *tiny_args(command.argv, synthetic_set)[len(TINY_MODEL_ARGS) :]])
+        model, data = cli.model, cli.datamodule
+        assert (model.hparams.img_size, model.hparams.in_chans) == (data.img_size, data.num_channels), str(command)
+        named = dict(zip(argv, argv[1:], strict=False))
+        checkpoint = named.get("--ckpt_path") or named.get("--model.weights")
+        if checkpoint:
+            expected = InputContract.from_checkpoint(read_checkpoint(checkpoint))
+            assert data.input_contract(model.hparams.patch_size) == expected, str(command)

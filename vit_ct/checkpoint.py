@@ -13,6 +13,7 @@ new length from the current step).
 from __future__ import annotations
 
 import random
+import re
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_warn
 
+from vit_ct.compat import load_pending_loader_states, save_last_checkpoint, saves_on_train_epoch_end
 from vit_ct.data.filecheck import atomic_write
 from vit_ct.leftovers import remove_leftovers
 
@@ -60,9 +62,13 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
             unreadable, or not a checkpoint (no ``state_dict``: a plain or timm state dict goes to ``--model.weights``).
     """
     path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"checkpoint {path} does not exist")
     expected = "expected a .ckpt written by `vit-ct fit`"
+    if path.is_dir():
+        found = sorted(path.rglob("*.ckpt"), key=lambda p: (p.name != "last.ckpt", len(p.parts)))
+        hint = f" (it holds {found[0].relative_to(path)}: pass that file)" if found else ""
+        raise ValueError(f"checkpoint {path} is a folder; {expected}{hint}")
+    if not path.is_file():
+        raise ValueError(f"checkpoint {path} does not exist; {expected}")
     if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; a truncated copy loses its central directory
         raise ValueError(
             f"checkpoint {path} is not a torch.save archive (truncated, or another kind of file); {expected}"
@@ -126,9 +132,7 @@ class ResumeState(Callback):
         # Lightning 2.6 restores a stateful training loader only if it builds the loader after the restore, but
         # `configure_optimizers` asking for `estimated_stepping_batches` builds it before. Apply the saved loader state
         # now: the first batch is not drawn yet (data.distributed.ResumableDataLoader starts its iterator lazily).
-        fit_loop = trainer.fit_loop
-        if getattr(fit_loop, "_combined_loader_states_to_load", None):
-            fit_loop._load_combined_loader_states()
+        load_pending_loader_states(trainer.fit_loop)
         if self._pending is not None:
             _set_rng_states(self._pending)
             self._pending = None
@@ -161,6 +165,23 @@ class BestAndLastCheckpoint(ModelCheckpoint):
         if trainer.is_global_zero and self.dirpath:
             remove_leftovers(self.dirpath)  # temporary files of a run killed while saving (resumed into this folder)
 
+    def format_checkpoint_name(self, metrics: dict, filename: str | None = None, ver=None, prefix=None) -> str:
+        """Lightning's name, except that a metric that was not measured (absent, e.g. without validation, or NaN,
+        e.g. AUROC on a split of one class) is written ``na``, where Lightning writes 0: a name never claims a score
+        that does not exist (``final-epoch00-aurocna.ckpt``, not ``...-auroc0.0000.ckpt``)."""
+
+        def unmeasured(match: re.Match) -> str:
+            name = match.group(1)
+            value = metrics.get(name)
+            if name in ("epoch", "step") or (value is not None and not torch.isnan(torch.as_tensor(value).float())):
+                return match.group(0)
+            return f"{name}{self.CHECKPOINT_EQUALS_CHAR}na" if self.auto_insert_metric_name else "na"
+
+        template = filename or self.filename
+        if template:
+            template = re.sub(r"\{([^{}:]+)(?::[^{}]*)?\}", unmeasured, template)
+        return super().format_checkpoint_name(metrics, filename=template, ver=ver, prefix=prefix)
+
     def _save_monitor_checkpoint(self, trainer: Trainer, monitor_candidates: dict[str, torch.Tensor]) -> None:
         current = monitor_candidates.get(self.monitor)
         if current is not None and torch.isnan(torch.as_tensor(current)).item():
@@ -175,15 +196,14 @@ class BestAndLastCheckpoint(ModelCheckpoint):
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         super().on_train_epoch_end(trainer, pl_module)
-        if self._should_save_on_train_epoch_end(trainer):
+        if saves_on_train_epoch_end(self, trainer):
             self._refresh_last(trainer)
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         super().on_validation_end(trainer, pl_module)
-        if not self._should_save_on_train_epoch_end(trainer):
+        if not saves_on_train_epoch_end(self, trainer):
             self._refresh_last(trainer)
 
     def _refresh_last(self, trainer: Trainer) -> None:
-        # `_should_skip_saving_checkpoint` is also true when Lightning has just saved at this step (top-k and last).
-        if self.save_last and not self._should_skip_saving_checkpoint(trainer):
-            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+        if self.save_last:
+            save_last_checkpoint(self, trainer)

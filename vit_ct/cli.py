@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import traceback
+import warnings
 from pathlib import Path
 
 import torch
@@ -32,8 +34,11 @@ from vit_ct.checkpoint import (
     read_checkpoint,
     read_wandb_run_id,
 )
+from vit_ct.checkpoint_input import SPECIAL_CKPT_PATHS, follow_checkpoint
+from vit_ct.compat import subcommand_defaults, summarise_parser_error, wandb_init_arguments
 from vit_ct.data.datamodule import CTSliceDataModule
 from vit_ct.hardware import accelerator_name, describe_machine, resolve_precision, use_usable_cpus
+from vit_ct.interrupts import EXIT_STATUS, received_signal, stop_on_sigterm
 from vit_ct.model import ViTClassifier
 from vit_ct.progress import EpochLines
 from vit_ct.runs import remove_run_without_checkpoint, run_dir, write_summary
@@ -41,14 +46,24 @@ from vit_ct.scan_metrics import ScanAUROC
 from vit_ct.trainer import Trainer as AutoPrecisionTrainer
 
 
-class _NoAdvertisement(logging.Filter):
-    """Lightning prints a tip to install its own cloud logger on every run that does not use it."""
+class _NoNoise(logging.Filter):
+    """Lines of Lightning's that say nothing a user can act on: a tip to install its own cloud logger (on every run
+    without it) and, when SIGTERM stopped the command, that a "KeyboardInterrupt" was detected (vit-ct's own line
+    says what happened)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return "litlogger" not in record.getMessage()
+        message = record.getMessage()
+        if "litlogger" in message:
+            return False
+        return not (received_signal() is not None and ("KeyboardInterrupt" in message or "SIGTERM" in message))
 
 
-logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_NoAdvertisement())
+for _name in ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch.trainer.connectors.signal_connector"):
+    logging.getLogger(_name).addFilter(_NoNoise())
+# Lightning's own pytree helper uses a torch API that torch >= 2.10 deprecates, on every predict and test
+warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
+# predict runs without the checkpoint's ModelCheckpoint on purpose (it writes no checkpoints)
+warnings.filterwarnings("ignore", message="Be aware that when using `ckpt_path`, callbacks used to create")
 
 
 def use_wandb_offline_unless_configured() -> None:
@@ -62,8 +77,6 @@ def use_wandb_offline_unless_configured() -> None:
 
 
 DEBUG = "VIT_CT_DEBUG"  # set (or `--debug`): errors print their full traceback
-# values of --ckpt_path that Lightning resolves itself (not files)
-SPECIAL_CKPT_PATHS = ("best", "last", "hpc", "registry")
 
 
 class LoggedConfigCallback(SaveConfigCallback):
@@ -86,6 +99,19 @@ class LoggedConfigCallback(SaveConfigCallback):
     def on_exception(self, trainer: Trainer, pl_module, exception: BaseException) -> None:
         if trainer.is_global_zero and self.created is not None and remove_run_without_checkpoint(self.created):
             rank_zero_info(f"the failed run wrote no checkpoint: its folder {self.created} was removed")
+
+
+class CommandParser(LightningArgumentParser):
+    """LightningCLI's parser, whose error for a bad option value ends in one line naming the option, the value and
+    what was expected, instead of ~100 lines of usage (``--debug`` shows jsonargparse's own report)."""
+
+    def error(self, message: str, ex: Exception | None = None):
+        if not self.exit_on_error or os.environ.get(DEBUG, "") not in ("", "0"):
+            super().error(message, ex)
+        parser = getattr(ex, "subcommand_parser", None) or self
+        prog = parser.prog.replace(" [options]", "")
+        sys.stderr.write(f"{prog}: error: {summarise_parser_error(message)} (`{prog} --help` lists the options)\n")
+        sys.exit(2)
 
 
 class VitCTCLI(LightningCLI):
@@ -118,6 +144,8 @@ class VitCTCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config.get(self.subcommand) if self.subcommand else self.config
+        for line in follow_checkpoint(config, self.subcommand or "fit", command_line=self.command_line):
+            rank_zero_info(line)
         self._resolve_precision(config)
         self._continue_wandb_run(config)
         if config.trainer.get("enable_progress_bar") is False:  # Lightning refuses a progress bar callback then
@@ -126,6 +154,10 @@ class VitCTCLI(LightningCLI):
         if self.subcommand == "predict":
             self._predict_without_default_logger(config)
         place_wandb_runs(config)
+
+    def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
+        self.command_line = list(args) if isinstance(args, (list, tuple)) else sys.argv[1:]
+        super().parse_arguments(parser, args)
 
     def _parse_ckpt_path(self) -> None:
         """Check ``--ckpt_path`` before Lightning reads the model's hyper-parameters from it: a missing, truncated or
@@ -140,7 +172,7 @@ class VitCTCLI(LightningCLI):
         """``predict`` logs nothing (its results are files in ``--output_dir``): the default W&B logger would open an
         empty run, so it is dropped; a logger the user configured stays."""
         # the predict subcommand's own parser holds its defaults (jsonargparse keeps it in the subcommands action)
-        defaults = self.parser._subcommands_action._name_parser_map["predict"].get_defaults().trainer.logger
+        defaults = subcommand_defaults(self.parser, "predict").trainer.logger
         if config.trainer.logger == defaults:
             config.trainer.logger = False
 
@@ -230,8 +262,11 @@ class VitCTCLI(LightningCLI):
         # before reading any slice: a non-empty OUT is refused at once
         writer = PredictionWriter(config["output_dir"], overwrite=bool(config.get("overwrite")), inputs=inputs)
         self._check_data("predict")
-        # predict writes no checkpoints: without the callback, restoring its state cannot warn about its folder
-        self.trainer.callbacks = [c for c in self.trainer.callbacks if not isinstance(c, ModelCheckpoint)]
+        # predict writes no checkpoints (without the callback, restoring its state cannot warn about its folder),
+        # and its skip list goes into OUT, written by the PredictionWriter, not into a run folder
+        self.trainer.callbacks = [
+            c for c in self.trainer.callbacks if not isinstance(c, ModelCheckpoint | BadFilesReport)
+        ]
         self.trainer.callbacks.append(writer)
         self.trainer.callbacks.append(ScanResultsWriter(writer))  # runs after it: reads its predictions.csv
 
@@ -287,8 +322,9 @@ def _checkpoint_to_test(checkpoint) -> str | None:
 def _drop_unset_anonymous(logger: WandbLogger) -> None:
     """Lightning's WandbLogger always passes ``anonymous`` to ``wandb.init`` (None when unset), and W&B (>= 0.19)
     warns about the deprecated setting whenever it is passed at all; leave it out unless the user set it."""
-    if logger._wandb_init.get("anonymous", "set") is None:
-        del logger._wandb_init["anonymous"]
+    arguments = wandb_init_arguments(logger)
+    if arguments.get("anonymous", "set") is None:
+        del arguments["anonymous"]
 
 
 def place_wandb_runs(config: Namespace) -> None:
@@ -324,7 +360,7 @@ def main(args: list[str] | None = None, *, run: bool = True) -> VitCTCLI | None:
     Returns the CLI object when given ``args`` (from Python, where errors are raised as they are), else None: the
     console script exits with the return value, and anything but None would be exit status 1. From the command line
     an error prints its message and where it was raised and exits 1; ``--debug`` or ``VIT_CT_DEBUG=1``: the full
-    traceback.
+    traceback. SIGTERM and Ctrl-C stop the command with one line and exit status 143 / 130 (:mod:`vit_ct.interrupts`).
     """
     if (sys.argv[1:] if args is None else args)[:1] == ["manifest"]:
         from vit_ct.scan_manifest import main as manifest_main
@@ -336,23 +372,57 @@ def main(args: list[str] | None = None, *, run: bool = True) -> VitCTCLI | None:
     if "--debug" in sys.argv[1:]:
         sys.argv.remove("--debug")  # not a LightningCLI option; the variable reaches DDP's other ranks too
         os.environ[DEBUG] = "1"
+    stop_on_sigterm()
     try:
         _cli(None, run)
+    except (KeyboardInterrupt, SystemExit) as err:
+        # Lightning turns an interrupt inside a trainer into SystemExit(1) after its shutdown hooks ran
+        signum = received_signal()
+        if signum is None and not isinstance(err, KeyboardInterrupt):
+            raise
+        sys.exit(_print_interrupted(signum or signal.SIGINT, sys.argv[1:2]))
     except Exception as err:
+        if received_signal() is not None:  # e.g. a DataLoader worker killed by the same SIGTERM
+            sys.exit(_print_interrupted(received_signal(), sys.argv[1:2]))
         if os.environ.get(DEBUG, "") not in ("", "0"):
             raise
         sys.exit(_print_error(err))
     return None
 
 
+def _print_interrupted(signum: signal.Signals, subcommand: list[str]) -> int:
+    """One line saying what an interrupted command left; returns the exit status (128 + the signal)."""
+    left = {
+        "fit": "the checkpoints written so far are kept (resume with --ckpt_path RUN/checkpoints/last.ckpt)",
+        "predict": "--output_dir is as it was before this run",
+    }.get(subcommand[0] if subcommand else "", "nothing half-written is left")
+    name = "Ctrl-C" if signum == signal.SIGINT else signum.name
+    print(f"vit-ct: interrupted ({name}): {left}", file=sys.stderr)
+    return EXIT_STATUS.get(signum, 1)
+
+
 def _print_error(err: Exception) -> int:
     """The error's message and the line that raised it, on stderr; returns the exit status."""
+    err = _innermost(err)
     frame = traceback.extract_tb(err.__traceback__)[-1] if err.__traceback__ else None
     where = f" at {frame.filename}:{frame.lineno}" if frame else ""
     kind = "" if isinstance(err, ValueError) else f"{type(err).__name__}: "  # a ValueError's message names the input
     print(f"vit-ct: error: {kind}{err}", file=sys.stderr)
     print(f"  ({type(err).__name__}{where}; the full traceback: rerun with --debug or {DEBUG}=1)", file=sys.stderr)
     return 1
+
+
+def _innermost(err: BaseException) -> BaseException:
+    """The error vit-ct itself raised, when a library wrapped it: jsonargparse reports a bad ``--data.*`` value that
+    the data module refused inside a dump of every subtype it tried, with vit-ct's ValueError as the cause."""
+    found = err
+    while found.__cause__ is not None:
+        found = found.__cause__
+        if isinstance(found, ValueError) and any(
+            "vit_ct" in Path(frame.filename).parts for frame in traceback.extract_tb(found.__traceback__)
+        ):
+            return found
+    return err
 
 
 def _cli(args: list[str] | None, run: bool) -> VitCTCLI:
@@ -364,6 +434,8 @@ def _cli(args: list[str] | None, run: bool) -> VitCTCLI:
             ViTClassifier,
             CTSliceDataModule,
             trainer_class=AutoPrecisionTrainer,
+            parser_class=CommandParser,
+            parser_kwargs={"prog": "vit-ct"},  # also from `python -m vit_ct` and in-process main()
             subclass_mode_data=True,
             save_config_callback=LoggedConfigCallback,
             save_config_kwargs={"overwrite": True, "save_to_log_dir": False},

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from vit_ct.compat import cpu_bf16_instructions, mkldnn_bf16_supported
+
 AUTO = "auto"
 
 
@@ -24,8 +26,8 @@ def cpu_has_native_bf16() -> bool:
     CPUs that only emulate bf16). Other CPUs (Arm): oneDNN's own check, which there means the bf16 extension.
     """
     if platform.machine().lower() in ("x86_64", "amd64", "i386", "i686"):
-        return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
-    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        return any(cpu_bf16_instructions())
+    return mkldnn_bf16_supported()
 
 
 def gpu_has_native_bf16() -> bool:

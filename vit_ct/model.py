@@ -19,6 +19,9 @@ from timm.optim import param_groups_layer_decay, param_groups_weight_decay
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from vit_ct.compat import add_position_embeddings
+from vit_ct.data.contract import CHECKPOINT_KEY as INPUT_CONTRACT
+from vit_ct.data.contract import InputContract
 from vit_ct.explain.attention import record_attention, running_tokens
 from vit_ct.explain.localisation import (
     MAP_SOURCES,
@@ -43,7 +46,8 @@ class ViTClassifier(L.LightningModule):
         patch_size: Side of a patch in pixels.
         stem: ``patch``: timm's linear patch embedding; ``conv``: a convolutional stem with the same token grid,
             which trains much better from scratch on small data (arXiv:2106.14881).
-        in_chans: Input channels (one per HU window; linked to the data in the CLI).
+        in_chans: Input channels (one per HU window; linked to the data in the CLI). The defaults (192 x 192, two
+            channels) are the demo model's: the brain and subdural windows of the data module's defaults.
         num_classes: Classes (label 0 = no lesion) or, with ``multilabel``, labels. None: one per name in
             ``class_names`` for multi-label (the CLI links both from ``data.label_columns``), else 2.
         class_names: Names of the classes or labels, for prediction columns (``prob_<name>``).
@@ -100,10 +104,10 @@ class ViTClassifier(L.LightningModule):
         self,
         *,
         arch: str = "vit_tiny_patch16_224",
-        img_size: int = 128,
+        img_size: int = 192,
         patch_size: int = 16,
         stem: Literal["patch", "conv"] = "conv",
-        in_chans: int = 1,
+        in_chans: int = 2,
         num_classes: int | None = None,
         class_names: list[str] | None = None,
         multilabel: bool = False,
@@ -148,6 +152,9 @@ class ViTClassifier(L.LightningModule):
             self.hparams.pop("pretrained", None)
             self.hparams.update(arch=pretrained.split(".")[0], embed_dim=None, depth=None, num_heads=None)
         self.task = "multilabel" if multilabel else ("binary" if num_classes == 2 else "multiclass")
+        # How the weights see their input; windows and read options become known from the data it is trained on or
+        # from the checkpoint it is loaded from (see on_save_checkpoint / on_load_checkpoint).
+        self.input_contract = InputContract(img_size, patch_size, in_chans)
         self.configure_network()
         self.configure_losses()
         self.configure_metrics()
@@ -231,9 +238,22 @@ class ViTClassifier(L.LightningModule):
             **kwargs,
         )
 
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """Records how the weights see their input (:class:`~vit_ct.data.contract.InputContract`): as the trainer's
+        data module prepares slices now, else as the checkpoint the model came from did."""
+        try:
+            datamodule = self.trainer.datamodule
+        except RuntimeError:  # saved through a strategy alone, without a trainer
+            datamodule = None
+        if hasattr(datamodule, "input_contract"):
+            self.input_contract = datamodule.input_contract(self.hparams.patch_size)
+        checkpoint[INPUT_CONTRACT] = self.input_contract.to_dict()
+
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        """A checkpoint decides how its weights see the input: one saved before ``mask_air`` existed was trained
-        with every patch as a key, and is run that way, whatever the current default or a config says."""
+        """A checkpoint decides how its weights see the input: its input contract (input size, windows, read
+        options), and ``mask_air``: one saved before that option existed was trained with every patch as a key,
+        and is run that way, whatever the current default or a config says."""
+        self.input_contract = InputContract.from_checkpoint(checkpoint)
         self.hparams.mask_air = bool(checkpoint.get("hyper_parameters", {}).get("mask_air", False))
 
     @property
@@ -251,7 +271,7 @@ class ViTClassifier(L.LightningModule):
         plainly even with gradient checkpointing on (attention recorded in the graph would be recorded again when a
         checkpointed block is recomputed in the backward pass)."""
         vit = self.vit
-        tokens = vit.norm_pre(vit.patch_drop(vit._pos_embed(vit.patch_embed(image))))  # (B, T, D)
+        tokens = vit.norm_pre(vit.patch_drop(add_position_embeddings(vit, vit.patch_embed(image))))  # (B, T, D)
         if not self.hparams.get("mask_air", False):
             return vit.norm(self._run_blocks(tokens, None, checkpoint_blocks))
         keys = attention_keys(image, self.hparams.patch_size, vit.num_prefix_tokens)[:, 0, 0]  # (B, T)

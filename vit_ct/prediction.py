@@ -21,6 +21,7 @@ from vit_ct.data.grid import to_source_grid
 from vit_ct.data.manifest import manifest_frame
 from vit_ct.data.reader import load_ct_slice, load_mask
 from vit_ct.explain.overlay import render_overlay, save_png
+from vit_ct.interrupts import deferred_interrupts
 from vit_ct.leftovers import remove_leftovers
 
 
@@ -49,10 +50,17 @@ def sink_columns(prediction: dict, i: int) -> dict[str, float]:
 
 
 def check_output_dir(output_dir: Path, *, overwrite: bool, inputs: Iterable[str | Path] = ()) -> None:
-    """Refuse an ``OUT`` that is a file, or a folder that is not empty unless ``overwrite``; with ``overwrite``, refuse
-    an ``OUT`` holding the working directory or one of the run's ``inputs`` (replacing it would delete them)."""
+    """Refuse an ``OUT`` that is a file, lies under a file or in a folder this process cannot write to (its outputs
+    are staged beside it), or is a folder that is not empty unless ``overwrite``; with ``overwrite``, refuse an
+    ``OUT`` holding the working directory or one of the run's ``inputs`` (replacing it would delete them)."""
     if output_dir.exists() and not output_dir.is_dir():
         raise ValueError(f"--output_dir {output_dir} is a file; expected a folder (absent or empty)")
+    parent = next(p for p in output_dir.parents if p.exists())  # the nearest folder that exists
+    if not parent.is_dir():
+        raise ValueError(f"--output_dir {output_dir} lies under {parent}, which is a file; expected a folder path")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"--output_dir {output_dir}: cannot write in {parent} (permission denied); choose a folder"
+                         " you can write to")  # fmt: skip
     entries = sorted(p.name for p in output_dir.iterdir()) if output_dir.is_dir() else []
     if not entries:
         return
@@ -97,6 +105,7 @@ class PredictionWriter(BasePredictionWriter):
         self.destination = Path(output_dir).resolve()  # a link to a folder: its target is replaced, the link kept
         self.overwrite = overwrite
         self.inputs = [Path(p) for p in inputs]
+        remove_leftovers(self.destination.parent)  # a killed run's partial folder, also when this run is refused
         check_output_dir(self.destination, overwrite=overwrite, inputs=self.inputs)
         self.output_dir = self.destination
         self.window = window
@@ -106,12 +115,13 @@ class PredictionWriter(BasePredictionWriter):
         check_output_dir(self.destination, overwrite=self.overwrite, inputs=self.inputs)  # again: OUT may have changed
         # rank 0's pid and token on every rank: one partial folder per run, which no other run's files can be in
         token = trainer.strategy.broadcast(f"{os.getpid()}-{secrets.token_hex(4)}")
-        if trainer.is_global_zero:
-            remove_leftovers(self.destination.parent)
         self.output_dir = self.destination.parent / f".{self.destination.name}.{token}.partial"
         for sub in ("maps", "overlays"):
             (self.output_dir / sub).mkdir(parents=True, exist_ok=True)
         self.rows = []
+        report = getattr(trainer.datamodule, "report_bad_rows", None)  # rows on_bad_file="skip" left out
+        if report is not None and trainer.is_global_zero:
+            report(self.output_dir, shown_as=self.destination)
 
     def on_predict_start(self, trainer, pl_module) -> None:
         if self.overwrite:  # the slices themselves must not lie in the folder that is about to be replaced
@@ -184,8 +194,9 @@ def replace_folder(source: Path, destination: Path) -> None:
     of both (for a moment it does not exist)."""
     if destination.is_dir() and any(destination.iterdir()):
         old = source.with_name(source.name.removesuffix(".partial") + ".old")
-        os.replace(destination, old)
-        os.replace(source, destination)
+        with deferred_interrupts():  # a SIGTERM between the renames would leave no OUT at all
+            os.replace(destination, old)
+            os.replace(source, destination)
         shutil.rmtree(old)
     else:
         os.replace(source, destination)  # rename(2) replaces an empty folder

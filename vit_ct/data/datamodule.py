@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, Dataset, WeightedRandomSampler
 
 from vit_ct.data.augment import BatchAugmentation
 from vit_ct.data.check_record import CheckRecord
+from vit_ct.data.contract import InputContract
 from vit_ct.data.distributed import (
     EpochShuffleSampler,
     MarkedPaddingSampler,
@@ -53,8 +54,10 @@ class CTSliceDataModule(L.LightningDataModule):
     Args:
         manifest: Path of the manifest CSV.
         windows: HU windows stacked as channels: preset names (``brain``, ``subdural``, ``bone``, ``stroke``) or
-            ``[centre, width]`` pairs. ``["brain", "subdural", "bone"]`` is the RSNA 3-channel input.
-        img_size: Side of the square model input; slices are padded to square with air and resized.
+            ``[centre, width]`` pairs. ``["brain", "subdural", "bone"]`` is the RSNA 3-channel input. With a
+            checkpoint (``--ckpt_path``, ``--model.weights``) the command takes the checkpoint's windows.
+        img_size: Side of the square model input; slices are padded to square with air and resized. With a
+            checkpoint the command takes the checkpoint's input size.
         label_columns: Multi-label data: the names of its 0/1 label columns (instead of ``label``).
         batch_size: Slices per batch (per device under DDP).
         num_workers: DataLoader worker processes.
@@ -89,8 +92,8 @@ class CTSliceDataModule(L.LightningDataModule):
         manifest: str | None = None,
         *,
         scans: str | list[str] | None = None,
-        windows: Window | list[Window] = "brain",
-        img_size: int = 128,
+        windows: Window | list[Window] = ("brain", "subdural"),
+        img_size: int = 192,
         label_columns: list[str] | None = None,
         batch_size: int = 32,
         num_workers: int = 2,
@@ -112,13 +115,21 @@ class CTSliceDataModule(L.LightningDataModule):
         self.scans = ([scans] if isinstance(scans, str) else list(scans)) if scans else None
         self.found_scans: list[Scan] = []
         self.skipped_objects: list[Skipped] = []  # files under `scans` that are not CT slices
-        self.windows = parse_windows(windows)
+        try:
+            self.windows = parse_windows(windows)
+        except ValueError as err:
+            raise ValueError(f"data.windows: {err}") from None
         if img_size <= 0:
-            raise ValueError(f"img_size must be positive, got {img_size}")
+            raise ValueError(f"data.img_size must be a positive number of pixels, got {img_size}")
         if batch_size <= 0:
-            raise ValueError(f"batch_size must be positive, got {batch_size}")
-        if abs(sum(split_fractions) - 1.0) > 1e-6 or min(split_fractions) < 0:
-            raise ValueError(f"split_fractions must be three non-negative numbers summing to 1, got {split_fractions}")
+            raise ValueError(f"data.batch_size must be a positive number of slices, got {batch_size}")
+        if num_workers < 0:
+            raise ValueError(f"data.num_workers must be 0 (load in the main process) or more, got {num_workers}")
+        if len(split_fractions) != 3 or abs(sum(split_fractions) - 1.0) > 1e-6 or min(split_fractions) < 0:
+            raise ValueError(
+                f"data.split_fractions must be three non-negative numbers (train, val, test) summing to 1, got"
+                f" {split_fractions}"
+            )
         self.img_size = img_size
         self.label_columns = label_columns
         self.batch_size = batch_size
@@ -150,6 +161,12 @@ class CTSliceDataModule(L.LightningDataModule):
     def num_channels(self) -> int:
         """Input channels of the model: one per window."""
         return len(self.windows)
+
+    def input_contract(self, patch_size: int) -> InputContract:
+        """How this module prepares slices for a model with ``patch_size`` (recorded in its checkpoints)."""
+        return InputContract.of(
+            img_size=self.img_size, patch_size=patch_size, windows=self.windows, read_options=self.read_options
+        )
 
     def manifest_path(self) -> Path:
         if self.manifest is None:
@@ -246,18 +263,22 @@ class CTSliceDataModule(L.LightningDataModule):
         if num_classes is not None:
             check_label_range(table, num_classes)
 
-    def report_bad_rows(self, folder: str | Path) -> Path | None:
+    def report_bad_rows(self, folder: str | Path, *, shown_as: str | Path | None = None) -> Path | None:
         """Write the rows ``on_bad_file="skip"`` left out to ``folder/bad_files.csv``, once, and name it in the log.
 
-        Under ``vit-ct`` the run folder is chosen by a callback of the CLI once the run exists; without a trainer,
-        :meth:`setup` writes it beside the manifest.
+        Under ``vit-ct`` the run folder (``fit``) or the output folder (``predict``) is chosen once the run exists;
+        without a trainer, :meth:`setup` writes it beside the manifest.
+
+        Args:
+            folder: Where to write it.
+            shown_as: The folder to name in the log, when ``folder`` is a staging folder that will become it.
         """
         if not self.bad_rows or self.bad_rows_report is not None:
             return self.bad_rows_report
         self.bad_rows_report = write_bad_files(self.bad_rows, Path(folder) / "bad_files.csv")
         rank_zero_warn(
             f"{len({b.line for b in self.bad_rows})} manifest rows name unusable files and were skipped;"
-            f" listed in {self.bad_rows_report}"
+            f" listed in {Path(shown_as or folder) / 'bad_files.csv'}"
         )
         return self.bad_rows_report
 

@@ -20,6 +20,7 @@ import yaml
 from rich.progress import track
 from torchmetrics.functional.classification import binary_auroc, binary_confusion_matrix, binary_roc
 
+from vit_ct.data.contract import READ_OPTIONS
 from vit_ct.data.datamodule import CTSliceDataModule
 from vit_ct.data.grid import to_source_grid
 from vit_ct.data.reader import load_ct_slice, load_mask
@@ -105,8 +106,9 @@ def review_datamodule(
     config: dict | None = None,
     input_windows=None,
 ) -> CTSliceDataModule:
-    """The slices of ``split`` of ``manifest``, prepared as the model was trained: windows and patient split from
-    the run's ``config``, ``img_size`` from the model; no augmentation.
+    """The slices of ``split`` of ``manifest``, prepared as the model was trained: input size, windows and read
+    options from the model's input contract (its checkpoint's), the patient split from the run's ``config``; no
+    augmentation.
 
     Args:
         model: The model under review.
@@ -114,19 +116,24 @@ def review_datamodule(
         split: ``train``, ``val``, ``test``, or None for every row.
         batch_size: Slices per forward pass.
         config: The run's CLI config (:func:`run_config`); ``{}``: defaults.
-        input_windows: The model's input windows; None: the config's, or ``brain`` for a one-channel model.
+        input_windows: The model's input windows, for a checkpoint that predates recorded inputs; None: its
+            contract's, else the run config's, else ``brain`` for a one-channel model.
     """
     data = ((config or {}).get("data") or {}).get("init_args") or {}
-    windows = input_windows or data.get("windows") or ("brain" if model.hparams.in_chans == 1 else None)
+    contract = model.input_contract
+    windows = input_windows or contract.windows or data.get("windows")
+    windows = windows or ("brain" if model.hparams.in_chans == 1 else None)
     if windows is None or len(parse_windows(windows)) != model.hparams.in_chans:
         raise ValueError(
             f"the model takes {model.hparams.in_chans} input windows, got input_windows={windows!r}: pass the"
             " windows it was trained with (e.g. ['brain', 'subdural'])"
         )
+    read_options = contract.read_options or {name: data[name] for name in READ_OPTIONS if name in data}
     return CTSliceDataModule(
         str(project_path(manifest)),
         windows=windows,
         img_size=model.hparams.img_size,
+        **read_options,
         batch_size=batch_size,
         num_workers=0,
         augment=False,
@@ -259,6 +266,7 @@ def run_review(
             )
     table = pd.DataFrame(records).set_index("index")
     table["label"] = table["label"].astype("Int64")
+    table.attrs["read_options"] = dict(datamodule.read_options)  # how case_images reads the slices again
     for column in (f"{source}_{name}" for source in MAP_SOURCES for name in SCORES):
         if column not in table:
             table[column] = np.nan
@@ -272,10 +280,11 @@ def source_map(row: pd.Series, column: str = "rollout") -> np.ndarray:
     return to_source_grid(grid, int(row["rows"]), int(row["cols"])).clamp_min(0).numpy()
 
 
-def case_images(row: pd.Series) -> tuple[np.ndarray, np.ndarray | None]:
-    """The source slice in HU and its lesion mask (None without one)."""
+def case_images(row: pd.Series, read_options: dict | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """The source slice in HU and its lesion mask (None without one), read with ``read_options`` (of
+    :func:`load_ct_slice`; the review table's ``attrs["read_options"]``, as the model's data module read it)."""
     frame = None if pd.isna(row.get("frame")) else int(row["frame"])
-    hu = load_ct_slice(row["image_path"], frame=frame)
+    hu = load_ct_slice(row["image_path"], frame=frame, **(read_options or {}))
     mask = load_mask(row["mask_path"], frame=frame) if isinstance(row.get("mask_path"), str) else None
     return hu, mask
 
@@ -460,7 +469,7 @@ def case_maps(model: ViTClassifier, datamodule: CTSliceDataModule, row: pd.Serie
     def to_source(maps: torch.Tensor) -> np.ndarray:
         return to_source_grid(maps.float().cpu(), rows, cols).clamp_min(0).numpy()
 
-    hu, mask = case_images(row)
+    hu, mask = case_images(row, datamodule.read_options)
     named = {"rollout": rollout[0], "gradient rollout": gradient[0], "last-block attention": last[0]}
     return CaseMaps(
         row=row,

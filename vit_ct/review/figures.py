@@ -132,7 +132,7 @@ def plot_gallery(
     fig.suptitle(f"most confident first; no {', no '.join(empty)}" if empty else "most confident first", fontsize=10)
     for g, (group, cases) in enumerate(shown.items()):
         for j, (_, row) in enumerate(cases.iterrows()):
-            hu, mask = case_images(row)
+            hu, mask = case_images(row, table.attrs.get("read_options"))
             axes[2 * g, j].imshow(render_overlay(hu, None, mask, window=_window(window)))
             axes[2 * g, j].set_title(f"{names[group]} {j + 1}: {_caption(row)}", fontsize=7)
             axes[2 * g + 1, j].imshow(render_overlay(hu, source_map(row), mask, window=_window(window), alpha=alpha))

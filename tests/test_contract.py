@@ -1,0 +1,106 @@
+"""A checkpoint knows how it sees its input: every vit-ct checkpoint records its input contract (size, windows, read
+options), and commands, the review and fine-tuning prepare slices as it says, with one line where a config disagreed."""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import pytest
+import torch
+from npy_manifest import manifest_args, write_npy_manifest
+
+from vit_ct import ViTClassifier
+from vit_ct.checkpoint import BestAndLastCheckpoint, read_checkpoint
+from vit_ct.cli import main
+from vit_ct.data.contract import CHECKPOINT_KEY, InputContract
+from vit_ct.review import review_datamodule
+
+NO_LOGGER = ["--trainer.logger", "false"]
+READ = ["--data.init_args.modalities", "[CT,MR]", "--data.init_args.stored_values_are_hu", "true"]
+
+
+@pytest.fixture
+def fitted(tmp_path, monkeypatch):
+    """(manifest, checkpoint) of a one-epoch fit at 32 x 32 on the brain window, CT and MR accepted, stored values
+    taken as HU."""
+    monkeypatch.chdir(tmp_path)
+    manifest = write_npy_manifest(tmp_path / "data", train=4, val=2)
+    main(["fit", *manifest_args(manifest), *NO_LOGGER, *READ, "--trainer.max_epochs", "1",
+          "--trainer.default_root_dir", str(tmp_path / "run")])  # fmt: skip
+    return manifest, tmp_path / "run" / "checkpoints" / "last.ckpt"
+
+
+def test_a_checkpoint_records_how_its_weights_see_the_input(fitted):
+    _, ckpt = fitted
+    expected = InputContract(32, 16, 1, ((40.0, 80.0),), {"modalities": ("CT", "MR"), "stored_values_are_hu": True})
+    assert InputContract.from_checkpoint(read_checkpoint(ckpt)) == expected
+    assert ViTClassifier.load_from_checkpoint(ckpt).input_contract == expected
+    assert expected.describe() == "32 x 32 px, windows brain 40/80, CT/MR only, stored values taken as HU"
+
+
+def test_commands_with_a_checkpoint_prepare_slices_as_it_says_and_say_what_they_overruled(fitted, tmp_path, caplog):
+    manifest, ckpt = fitted
+    other = ["--data.init_args.img_size", "64", "--data.init_args.windows", "[brain,subdural]"]
+    with caplog.at_level(logging.INFO):
+        cli = main(["predict", *manifest_args(manifest), *NO_LOGGER, *other, "--ckpt_path", str(ckpt),
+                    "--output_dir", str(tmp_path / "out")])  # fmt: skip
+    data = cli.datamodule
+    read = {"modalities": ("CT", "MR"), "stored_values_are_hu": True}
+    assert (data.img_size, data.windows, data.read_options) == (32, [(40.0, 80.0)], read)
+    assert cli.model.hparams.img_size == 32
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("input follows the checkpoint")]
+    assert (
+        f"input follows the checkpoint: data.img_size: 32 x 32 (as {ckpt} was trained; the config said 64 x 64)"
+        in lines
+    )
+    assert any("data.windows: [brain 40/80]" in line and "subdural 80/200" in line for line in lines)
+    assert any("data.stored_values_are_hu: True" in line for line in lines)
+    assert (tmp_path / "out" / "predictions.csv").is_file()
+
+
+def test_fit_from_weights_takes_their_network_and_input_unless_typed_on_the_command_line(fitted, tmp_path, caplog):
+    manifest, ckpt = fitted
+    base = ["fit", *manifest_args(manifest), *NO_LOGGER, "--trainer.max_epochs", "0", "--model.weights", str(ckpt)]
+    # the config's network (the demo's 6 blocks of 192) and input give way to the weights'
+    cli = main([*base[:-4], "--model.depth", "6", "--model.embed_dim", "192", "--model.num_heads", "3", *base[-4:],
+                "--data.init_args.windows", "[brain]"])  # fmt: skip
+    assert (len(cli.model.vit.blocks), cli.model.vit.embed_dim) == (2, 32)
+    assert cli.datamodule.read_options["stored_values_are_hu"] is True
+    # an input size typed on the command line is kept: the position embeddings are interpolated to it, and said
+    with caplog.at_level(logging.INFO):
+        cli = main([*base, "--data.init_args.img_size", "64"])
+    assert cli.model.hparams.img_size == 64 and cli.model.vit.patch_embed.grid_size == (4, 4)
+    assert any("data.img_size: 64 x 64 as typed on the command line" in r.getMessage() for r in caplog.records)
+
+
+def test_a_checkpoint_from_before_contracts_with_other_windows_is_refused_by_name(fitted, tmp_path):
+    manifest, ckpt = fitted
+    checkpoint = torch.load(ckpt, weights_only=True)
+    del checkpoint[CHECKPOINT_KEY]  # as written before checkpoints recorded their input
+    old = tmp_path / "old.ckpt"
+    torch.save(checkpoint, old)
+    assert InputContract.from_checkpoint(checkpoint) == InputContract(32, 16, 1)  # what its hyper-parameters tell
+    with pytest.raises(ValueError, match=rf"{old} takes 1 input window\(s\) but data.windows gives \[brain 40/80, "):
+        main(["predict", *manifest_args(manifest), *NO_LOGGER, "--data.init_args.windows", "[brain,subdural]",
+              "--ckpt_path", str(old), "--output_dir", str(tmp_path / "out")])  # fmt: skip
+
+
+def test_the_review_reads_slices_with_the_checkpoints_read_options(fitted):
+    manifest, ckpt = fitted
+    model = ViTClassifier.load_from_checkpoint(ckpt)
+    data = review_datamodule(model, manifest, config={})
+    assert data.read_options == {"modalities": ("CT", "MR"), "stored_values_are_hu": True}
+    assert (data.img_size, data.windows) == (32, [(40.0, 80.0)])
+
+
+@pytest.mark.parametrize(
+    ("metrics", "name"),
+    [({"epoch": 0}, "final-epoch00-aurocna"),  # not measured (no validation)
+     ({"epoch": 0, "val/auroc": torch.tensor(math.nan)}, "final-epoch00-aurocna"),  # undefined (one class)
+     ({"epoch": 3, "val/auroc": torch.tensor(0.91234)}, "final-epoch03-auroc0.9123")],
+)  # fmt: skip
+def test_a_checkpoint_name_never_claims_a_score_that_was_not_measured(tmp_path, metrics, name):
+    callback = BestAndLastCheckpoint(dirpath=tmp_path, filename="final-epoch{epoch:02d}-auroc{val/auroc:.4f}",
+                                     auto_insert_metric_name=False)  # fmt: skip
+    assert callback.format_checkpoint_name(metrics).endswith(f"{name}.ckpt")

@@ -1,0 +1,114 @@
+"""A command's data follows the checkpoint it names: ``validate`` / ``test`` / ``predict`` / a resumed ``fit`` with
+``--ckpt_path``, and ``fit --model.weights`` with a vit-ct checkpoint, prepare slices as the weights were trained on
+(:class:`~vit_ct.data.contract.InputContract`), and the network is the checkpoint's. A config that says otherwise is
+overruled in one line each, never a crash and never a silent resize to another model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from jsonargparse import Namespace
+
+from vit_ct.checkpoint import read_checkpoint
+from vit_ct.data.contract import InputContract, describe_window
+from vit_ct.data.windows import parse_windows
+
+# Hyper-parameters that shape the network: `fit --model.weights` builds it as the weights' checkpoint did.
+ARCHITECTURE = ("arch", "patch_size", "stem", "embed_dim", "depth", "num_heads", "reg_tokens", "mask_air")
+# values of --ckpt_path that Lightning resolves itself (not files)
+SPECIAL_CKPT_PATHS = ("best", "last", "hpc", "registry")
+
+
+def checkpoint_to_follow(config: Namespace, subcommand: str) -> tuple[Path, dict, str] | None:
+    """``(path, checkpoint, kind)`` of the vit-ct checkpoint the command's data must follow, ``kind`` being
+    ``ckpt_path`` or ``weights``; None when the command names none (a timm state dict in ``--model.weights`` has
+    no input contract: it is adapted to the data instead)."""
+    ckpt_path = config.get("ckpt_path")
+    if ckpt_path and str(ckpt_path).split(":")[0] not in SPECIAL_CKPT_PATHS and "://" not in str(ckpt_path):
+        return Path(ckpt_path), read_checkpoint(ckpt_path), "ckpt_path"
+    weights = (config.get("model") or Namespace()).get("weights")
+    if subcommand == "fit" and weights:
+        try:
+            checkpoint = read_checkpoint(weights)
+        except ValueError:  # not a vit-ct checkpoint: ViTClassifier reads it as a state dict, or names what is wrong
+            return None
+        if "arch" in (checkpoint.get("hyper_parameters") or {}):
+            return Path(weights), checkpoint, "weights"
+    return None
+
+
+def follow_checkpoint(config: Namespace, subcommand: str, *, command_line: Sequence[str] = ()) -> list[str]:
+    """Set the data (and, for ``--model.weights``, the network) of one subcommand's ``config`` to what the checkpoint
+    it names was trained with; returns one line per value changed, saying what was used and why.
+
+    With ``fit --model.weights``, an input size or window list typed on the command line (``--data.init_args.img_size
+    256``) is kept: the weights are then adapted to it (position embeddings interpolated, the stem's first
+    convolution adapted to other channels), and the line says so. A config file's value gives way to the weights'.
+
+    Raises:
+        ValueError: the checkpoint predates recorded inputs and the configured windows do not match its channels.
+    """
+    found = checkpoint_to_follow(config, subcommand)
+    data = (config.get("data") or Namespace()).get("init_args")
+    if found is None or data is None:
+        return []
+    path, checkpoint, kind = found
+    contract = InputContract.from_checkpoint(checkpoint)
+    lines = []
+    if kind == "weights":
+        hparams = checkpoint["hyper_parameters"]
+        for name in ARCHITECTURE:
+            value = hparams.get(name, False if name == "mask_air" else None)  # before mask_air: every patch a key
+            if config.model.get(name) != value:
+                said = config.model.get(name)
+                lines.append(f"model.{name}: {value!r} (the network of the weights {path}; the config said {said!r})")
+                config.model[name] = value
+    for name, value in contract.data_arguments().items():
+        if name not in data or _same(name, data[name], value):
+            continue
+        if kind == "weights" and name in ("img_size", "windows") and _typed(command_line, name):
+            lines.append(
+                f"data.{name}: {_show(name, data[name])} as typed on the command line; the weights {path} were"
+                f" trained with {_show(name, value)} and are adapted to it"
+            )
+            continue
+        lines.append(
+            f"data.{name}: {_show(name, value)} (as {path} was trained; the config said {_show(name, data[name])})"
+        )
+        data[name] = value
+    if contract.windows is None and len(parse_windows(data["windows"])) != contract.in_chans:
+        raise ValueError(
+            f"{path} takes {contract.in_chans} input window(s) but data.windows gives"
+            f" {_show('windows', data['windows'])}; the checkpoint predates recorded inputs: pass the windows it was"
+            " trained with, e.g. --data.init_args.windows [brain,subdural]"
+        )
+    if "img_size" in data:
+        config.model.img_size = data["img_size"]  # the link data -> model, applied again after the change
+    return [f"input follows the checkpoint: {line}" for line in lines]
+
+
+def _same(name: str, configured: Any, recorded: Any) -> bool:
+    if name == "windows":
+        return [tuple(w) for w in parse_windows(configured)] == [tuple(w) for w in recorded]
+    if name == "modalities":
+        return (configured is None) == (recorded is None) and (
+            configured is None or tuple(configured) == tuple(recorded)
+        )
+    return configured == recorded
+
+
+def _show(name: str, value: Any) -> str:
+    if name == "windows":
+        return "[" + ", ".join(describe_window(w) for w in parse_windows(value)) + "]"
+    if name == "img_size":
+        return f"{value} x {value}"
+    return repr(value)
+
+
+def _typed(command_line: Sequence[str], name: str) -> bool:
+    """Whether ``--data.<name>`` or ``--data.init_args.<name>`` was typed on the command line."""
+    flags = (f"--data.{name}", f"--data.init_args.{name}")
+    return any(arg in flags or arg.startswith(tuple(f"{flag}=" for flag in flags)) for arg in command_line)

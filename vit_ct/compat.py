@@ -1,0 +1,112 @@
+"""Every private name of Lightning, jsonargparse, W&B, timm and torch that vit-ct reaches, in one place: what each is
+for, and the releases it was checked on. A release that drops or renames one fails ``tests/test_compat.py`` (also run
+by ``make floors`` at the lowest declared versions) instead of a user's run.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+from jsonargparse import ArgumentParser
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.loops import _FitLoop
+from timm.models import VisionTransformer
+
+# Checked on the declared floors (pyproject.toml, `make floors`) and on the newest releases of the day.
+CHECKED_ON = {
+    "lightning": ("2.6.6",),
+    "jsonargparse": ("4.53.0",),
+    "wandb": ("0.31.0",),
+    "timm": ("1.0.31",),
+    "torch": ("2.14.1",),
+}
+
+# (owner, name, why vit-ct needs it); `owner` is a class or module, or a callable giving an instance to look at.
+PRIVATE_NAMES: list[tuple[Any, str, str]] = [
+    (LightningCLI, "_parse_ckpt_path", "overridden: a bad --ckpt_path is named before torch.load fails without it"),
+    (ModelCheckpoint, "_save_monitor_checkpoint", "overridden: a NaN val/auroc never makes a best checkpoint"),
+    (ModelCheckpoint, "_save_last_checkpoint", "last.ckpt refreshed at every validation, not only with a new best"),
+    (ModelCheckpoint, "_monitor_candidates", "the metrics last.ckpt's name and monitor read"),
+    (ModelCheckpoint, "_should_skip_saving_checkpoint", "no second last.ckpt at a step Lightning just saved"),
+    (ModelCheckpoint, "_should_save_on_train_epoch_end", "which hook saves for this trainer"),
+    (_FitLoop, "_load_combined_loader_states", "a resumed loader's state applied before its first batch"),
+    (ArgumentParser, "_subcommands_action", "predict's own defaults, to tell the default logger from a chosen one"),
+    (lambda: WandbLogger(project="vit-ct", offline=True), "_wandb_init", "wandb.init's arguments: drop `anonymous`"),
+    (VisionTransformer, "_pos_embed", "the air-skipping forward adds position embeddings as timm's forward does"),
+    (torch.cpu, "_is_avx512_bf16_supported", "native bf16 on x86 (AVX512-BF16), for precision auto"),
+    (torch.cpu, "_is_amx_tile_supported", "native bf16 on x86 (AMX), for precision auto"),
+    (torch.ops.mkldnn, "_is_mkldnn_bf16_supported", "native bf16 on Arm, for precision auto"),
+]
+
+
+def missing_private_names() -> list[str]:
+    """``owner.name`` of every entry of :data:`PRIVATE_NAMES` that the installed libraries lack."""
+    missing = []
+    for owner, name, _ in PRIVATE_NAMES:
+        target = owner() if callable(owner) and not isinstance(owner, type) else owner  # a factory of an instance
+        if not hasattr(target, name):
+            missing.append(f"{getattr(owner, '__name__', type(target).__name__)}.{name}")
+    return missing
+
+
+def subcommand_defaults(parser: ArgumentParser, subcommand: str):
+    """The defaults of a subcommand's own parser (jsonargparse keeps them in its subcommands action)."""
+    return parser._subcommands_action._name_parser_map[subcommand].get_defaults()
+
+
+def wandb_init_arguments(logger: WandbLogger) -> dict[str, Any]:
+    """The keyword arguments Lightning's ``WandbLogger`` will pass to ``wandb.init`` (a live dict: edits count)."""
+    return logger._wandb_init
+
+
+def load_pending_loader_states(fit_loop: _FitLoop) -> None:
+    """Apply a resumed training loader's saved state now, if Lightning has not yet (see ``ResumeState``)."""
+    if getattr(fit_loop, "_combined_loader_states_to_load", None):
+        fit_loop._load_combined_loader_states()
+
+
+def save_last_checkpoint(callback: ModelCheckpoint, trainer) -> None:
+    """Write ``last.ckpt`` now, unless Lightning has just saved at this step."""
+    if not callback._should_skip_saving_checkpoint(trainer):
+        callback._save_last_checkpoint(trainer, callback._monitor_candidates(trainer))
+
+
+def saves_on_train_epoch_end(callback: ModelCheckpoint, trainer) -> bool:
+    """Whether the callback saves at the training epoch's end (else at the validation's end) for this trainer."""
+    return callback._should_save_on_train_epoch_end(trainer)
+
+
+def add_position_embeddings(vit: VisionTransformer, tokens: torch.Tensor) -> torch.Tensor:
+    """timm's ``_pos_embed``: prefix tokens prepended, position embeddings added (dynamic sizes included)."""
+    return vit._pos_embed(tokens)
+
+
+def cpu_bf16_instructions() -> tuple[bool, bool]:
+    """``(AVX512-BF16, AMX tiles)`` as torch's CPU capability checks report them."""
+    return bool(torch.cpu._is_avx512_bf16_supported()), bool(torch.cpu._is_amx_tile_supported())
+
+
+def mkldnn_bf16_supported() -> bool:
+    """oneDNN's bf16 check (on Arm: the bf16 extension; on x86 it also says yes where bf16 is only emulated)."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def summarise_parser_error(message: str) -> str:
+    """One line from jsonargparse's message for a bad value: the option's key path, the value given and what was
+    expected (``data.predict_split: got 'tset'; expected a Literal['train', 'val', 'test']``). The message nests one
+    ``Parser key "..."`` block per level; the text format is jsonargparse's (checked on :data:`CHECKED_ON`)."""
+    keys = re.findall(r'Parser key "([^"]+)"', message)
+    given = re.search(r"Given value: (.*)", message)
+    expected = re.search(r"- Expected an? (?:typing\.)?(.*)", message)
+    if not keys:
+        return message.strip().splitlines()[-1] if message.strip() else message
+    text = ".".join(keys)
+    if given:
+        text += f": got {given.group(1).strip()!r}"
+    if expected:
+        text += f"; expected {expected.group(1).strip()}"
+    return text

@@ -1,0 +1,112 @@
+"""How a model sees its input: the input contract a vit-ct checkpoint carries (input size, HU windows, read options),
+so that evaluating, predicting, reviewing and fine-tuning prepare slices exactly as the weights were trained on."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from vit_ct.data.windows import WINDOW_PRESETS, parse_windows
+
+CHECKPOINT_KEY = "vit_ct_input"  # top-level key of a vit-ct checkpoint
+READ_OPTIONS = ("modalities", "stored_values_are_hu")  # the load_ct_slice options that change what a model sees
+
+
+@dataclass(frozen=True)
+class InputContract:
+    """What a model's weights expect: slices padded to a square with air and resized to ``img_size``, windowed by
+    ``windows`` (one channel each), read with ``read_options``.
+
+    Attributes:
+        img_size: Side of the square model input in pixels.
+        patch_size: Side of a patch in pixels (``img_size`` is a multiple of it).
+        in_chans: Input channels: one per window.
+        windows: ``(centre, width)`` in HU per channel; None where unknown (checkpoints written before the contract).
+        read_options: ``load_ct_slice`` options (``modalities``, ``stored_values_are_hu``); None where unknown.
+    """
+
+    img_size: int
+    patch_size: int
+    in_chans: int
+    windows: tuple[tuple[float, float], ...] | None = None
+    read_options: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.windows is not None and len(self.windows) != self.in_chans:
+            raise ValueError(f"an input contract needs one window per channel: {self.windows} for {self.in_chans}")
+
+    @classmethod
+    def of(cls, *, img_size: int, patch_size: int, windows, read_options: dict[str, Any]) -> InputContract:
+        """The contract of slices prepared with these data arguments (``windows`` as ``parse_windows`` takes them)."""
+        pairs = tuple(parse_windows(windows))
+        options = {name: read_options[name] for name in READ_OPTIONS}
+        if options["modalities"] is not None:
+            options["modalities"] = tuple(options["modalities"])
+        return cls(img_size, patch_size, len(pairs), pairs, options)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values, as a checkpoint stores them (loadable with ``torch.load(weights_only=True)``)."""
+        values = asdict(self)
+        values["windows"] = None if self.windows is None else [list(w) for w in self.windows]
+        if self.read_options is not None and self.read_options["modalities"] is not None:
+            values["read_options"] = {**self.read_options, "modalities": list(self.read_options["modalities"])}
+        return values
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> InputContract:
+        windows = values.get("windows")
+        options = values.get("read_options")
+        if options is not None and options.get("modalities") is not None:
+            options = {**options, "modalities": tuple(options["modalities"])}
+        return cls(
+            img_size=int(values["img_size"]),
+            patch_size=int(values["patch_size"]),
+            in_chans=int(values["in_chans"]),
+            windows=None if windows is None else tuple((float(c), float(w)) for c, w in windows),
+            read_options=options,
+        )
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint: dict[str, Any]) -> InputContract:
+        """The contract a checkpoint records; for one written before contracts existed, what its hyper-parameters
+        tell (input size, channels, patch size; windows and read options unknown)."""
+        if isinstance(checkpoint.get(CHECKPOINT_KEY), dict):
+            return cls.from_dict(checkpoint[CHECKPOINT_KEY])
+        hparams = checkpoint.get("hyper_parameters") or {}
+        return cls(
+            img_size=int(hparams.get("img_size", 128)),  # the default of every release before contracts
+            patch_size=int(hparams.get("patch_size", 16)),
+            in_chans=int(hparams.get("in_chans", 1)),
+        )
+
+    def data_arguments(self) -> dict[str, Any]:
+        """The data module arguments (``img_size``, ``windows``, read options) that prepare slices this way; only
+        those the contract knows."""
+        arguments: dict[str, Any] = {"img_size": self.img_size}
+        if self.windows is not None:
+            arguments["windows"] = [list(w) for w in self.windows]
+        if self.read_options is not None:
+            arguments.update(self.read_options)
+            if arguments["modalities"] is not None:
+                arguments["modalities"] = list(arguments["modalities"])
+        return arguments
+
+    def describe(self) -> str:
+        """E.g. ``192 x 192 px, windows brain 40/80 + subdural 80/200, CT only``."""
+        text = f"{self.img_size} x {self.img_size} px"
+        if self.windows is not None:
+            text += ", windows " + " + ".join(describe_window(w) for w in self.windows)
+        if self.read_options is not None:
+            modalities = self.read_options["modalities"]
+            text += ", " + ("any modality" if modalities is None else "/".join(modalities) + " only")
+            if self.read_options["stored_values_are_hu"]:
+                text += ", stored values taken as HU"
+        return text
+
+
+def describe_window(window: tuple[float, float]) -> str:
+    """``brain 40/80`` for a preset, else ``40/80`` (centre / width in HU)."""
+    centre, width = window
+    name = next((n for n, preset in WINDOW_PRESETS.items() if tuple(map(float, preset)) == (centre, width)), None)
+    text = f"{centre:g}/{width:g}"
+    return f"{name} {text}" if name else text
