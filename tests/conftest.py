@@ -16,6 +16,8 @@ os.environ.setdefault("WANDB_MODE", "offline")  # tests never reach the network
 os.environ.setdefault("WANDB_SILENT", "true")
 # W&B stages artifacts (tables) under WANDB_DATA_DIR, by default in the home folder: keep tests out of it.
 os.environ.setdefault("WANDB_DATA_DIR", tempfile.mkdtemp(prefix="vit-ct-wandb-"))
+# Check records and disk caches of the tests' manifests (by default under ~/.cache/vit-ct): kept out of the home folder.
+os.environ.setdefault("VIT_CT_CACHE_DIR", tempfile.mkdtemp(prefix="vit-ct-cache-"))
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
 # Overrides that shrink the demo config to seconds: a 2-block ViT at 32x32 on 64x64 slices.

@@ -169,6 +169,7 @@ def test_rsna_fit_with_the_recipe(rsna_folder, monkeypatch):
     )  # fmt: skip
     assert cli.model.task == "multilabel" and cli.model.class_names == list(RSNA_LABELS)
     assert cli.model.hparams.in_chans == 3  # brain, subdural, bone
+    assert cli.datamodule.cache == "disk" and cli.datamodule.slice_cache.done.sum() == 10  # the recipe's cache
     metrics = cli.trainer.callback_metrics
     assert {"val/weighted_log_loss", "val/auroc", "val/auroc_any"} <= set(metrics)
     assert np.isfinite(float(metrics["val/weighted_log_loss"]))

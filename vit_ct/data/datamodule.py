@@ -6,20 +6,20 @@
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
+import sys
 from pathlib import Path
-from typing import Literal, TypedDict
+from typing import Literal
 
 import lightning as L
 import numpy as np
 import pandas as pd
 import torch
-from lightning.pytorch.utilities import rank_zero_warn
-from rich.progress import track
+from filelock import FileLock, Timeout
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, WeightedRandomSampler
 
 from vit_ct.data.augment import BatchAugmentation
+from vit_ct.data.check_record import CheckRecord
 from vit_ct.data.contract import InputContract
 from vit_ct.data.distributed import (
     EpochShuffleSampler,
@@ -28,157 +28,23 @@ from vit_ct.data.distributed import (
     decode_index,
     global_seed,
 )
-from vit_ct.data.grid import to_model_grid
 from vit_ct.data.manifest import (
     assign_splits,
     check_label_range,
-    manifest_frame,
     read_manifest,
     validate_manifest_files,
     write_bad_files,
 )
-from vit_ct.data.reader import load_ct_slice, load_mask, read_pixel_spacing
+from vit_ct.data.model_input import HEAD_HU, apply_windows, model_grid_spacing
 from vit_ct.data.scans import Scan, Skipped, find_scans, scan_table
+from vit_ct.data.slice_cache import SliceCache, cache_folder
+from vit_ct.data.slice_dataset import CTBatch, CTSliceDataset, collate, slice_item
 from vit_ct.data.splits import SPLIT_FRACTIONS
-from vit_ct.data.windows import AIR_HU, parse_windows, stack_windows
+from vit_ct.data.windows import parse_windows
 
-HEAD_HU = -300.0  # above it: tissue, not air (fat is -100)
+# HEAD_HU, model_grid_spacing, CTBatch and slice_item lived here before; sim and saved code import them from here.
+__all__ = ["HEAD_HU", "CTBatch", "CTSliceDataModule", "CTSliceDataset", "model_grid_spacing", "slice_item"]
 Window = str | tuple[float, float]
-
-
-class CTBatch(TypedDict):
-    """One batch. ``B`` slices, ``C`` windows, ``S`` = ``img_size``."""
-
-    image: torch.Tensor  # (B, C, S, S) windowed HU in [0, 1]
-    mask: torch.Tensor  # (B, 1, S, S) lesion mask, 0/1; zeros where unknown
-    head: torch.Tensor  # (B, 1, S, S) head (not air) mask, 0/1: where localisation is scored
-    has_mask: torch.Tensor  # (B,) bool: a mask file was given
-    label: torch.Tensor  # (B,) int64 class, or (B, L) int64 0/1 for multi-label; -1 where unknown (prediction)
-    index: torch.Tensor  # (B,) row of the split's table
-    valid: torch.Tensor  # (B,) bool: False on a repeat that pads a DDP shard (metrics skip it)
-    source_shape: torch.Tensor  # (B, 2) rows, columns of the source slice
-    pixel_spacing_mm: torch.Tensor  # (B,) mm per model-grid pixel; NaN where the file gives no spacing
-
-
-def slice_item(
-    hu: np.ndarray,
-    mask: np.ndarray | None,
-    *,
-    label: torch.Tensor,
-    index: int,
-    windows: Sequence[tuple[float, float]],
-    img_size: int,
-    pixel_spacing_mm: tuple[float, float] | None = None,
-) -> dict:
-    """One slice as a :class:`CTBatch` item (all keys but ``valid``) on the model grid.
-
-    Args:
-        hu: Slice ``(rows, cols)`` in HU.
-        mask: Lesion mask ``(rows, cols)``, 0/1; None when unknown (an empty mask, ``has_mask`` False).
-        label: Class, or 0/1 per label for multi-label data.
-        index: Row of the split's table.
-        windows: HU windows, one channel each.
-        img_size: Side of the model input.
-        pixel_spacing_mm: The source slice's (row, column) spacing in mm; None when unknown.
-    """
-    rows, cols = hu.shape
-    has_mask = mask is not None
-    # Pad in HU with air before windowing, so the padding is air in every window.
-    hu = to_model_grid(torch.from_numpy(hu)[None], img_size, fill=AIR_HU)
-    image = torch.from_numpy(stack_windows(hu[0].numpy(), windows))
-    if has_mask:
-        mask = torch.from_numpy(mask.astype(np.float32))[None]
-        mask = (to_model_grid(mask, img_size, mode="area") >= 0.5).float()
-    else:
-        mask = torch.zeros(1, img_size, img_size)
-    return {
-        "image": image,
-        "mask": mask,
-        "head": (hu > HEAD_HU).float(),  # padding is air, so it is outside the head too
-        "has_mask": torch.tensor(has_mask),
-        "label": label,
-        "index": torch.tensor(index),
-        "source_shape": torch.tensor([rows, cols]),
-        "pixel_spacing_mm": torch.tensor(model_grid_spacing(pixel_spacing_mm, (rows, cols), img_size)),
-    }
-
-
-def model_grid_spacing(spacing_mm: tuple[float, float] | None, shape: tuple[int, int], img_size: int) -> float:
-    """mm per pixel of the model grid: the slice is padded to a square of its longer side, then resized to
-    ``img_size``. The mean of row and column spacing (they differ little in CT); NaN when the spacing is unknown."""
-    if spacing_mm is None:
-        return math.nan
-    return (spacing_mm[0] + spacing_mm[1]) / 2 * max(shape) / img_size
-
-
-class CTSliceDataset(Dataset):
-    """Rows of a manifest table as :class:`CTBatch` items.
-
-    Args:
-        table: Rows of one split (see :func:`vit_ct.data.manifest.read_manifest`).
-        windows: HU windows, one channel each.
-        img_size: Side of the model input.
-        label_columns: Multi-label columns; None reads ``label``.
-        cache: Keep every preprocessed slice in memory after the first read.
-        read_options: Keyword arguments of :func:`~vit_ct.data.reader.load_ct_slice` (``modalities``,
-            ``stored_values_are_hu``).
-    """
-
-    def __init__(
-        self,
-        table: pd.DataFrame,
-        *,
-        windows: Sequence[tuple[float, float]],
-        img_size: int,
-        label_columns: Sequence[str] | None = None,
-        cache: bool = False,
-        read_options: dict | None = None,
-    ) -> None:
-        self.table = table.reset_index(drop=True)
-        self.read_options = dict(read_options or {})
-        self.windows = list(windows)
-        self.img_size = img_size
-        self.label_columns = list(label_columns) if label_columns else None
-        self._cache: dict[int, dict] | None = {} if cache else None
-
-    def __len__(self) -> int:
-        return len(self.table)
-
-    def load(self, index: int) -> dict:
-        """Windowed slice and mask of row ``index`` on the model grid, before augmentation."""
-        if self._cache is not None and index in self._cache:
-            return self._cache[index]
-        row = self.table.iloc[index]
-        hu = load_ct_slice(row["image"], frame=manifest_frame(row), **self.read_options)
-        mask_path = row.get("mask")
-        has_mask = isinstance(mask_path, str) and bool(mask_path)
-        mask = load_mask(mask_path, frame=manifest_frame(row)) if has_mask else None
-        if self.label_columns:
-            # int64, as torchmetrics wants its targets; the loss takes them as float
-            label = torch.tensor(row[self.label_columns].astype("Int64").fillna(-1).to_numpy(dtype=np.int64))
-        else:
-            label = torch.tensor(-1 if pd.isna(row["label"]) else int(row["label"]))
-        spacing = read_pixel_spacing(row["image"], frame=manifest_frame(row))
-        item = slice_item(
-            hu, mask, label=label, index=index, windows=self.windows, img_size=self.img_size, pixel_spacing_mm=spacing
-        )
-        if self._cache is not None:
-            self._cache[index] = item
-        return item
-
-    def fill_cache(self, description: str, indices: Sequence[int] | None = None) -> None:
-        """Read the rows ``indices`` (default: every row) now, with a progress bar (no-op without a cache).
-
-        Filled before the DataLoader starts its workers, so they share the cache instead of each filling its own.
-        """
-        if self._cache is not None:
-            rows = range(len(self)) if indices is None else sorted(set(indices))
-            for index in track(rows, description=description, transient=True):
-                self.load(index)
-
-    def __getitem__(self, index: int) -> CTBatch:
-        index, valid = decode_index(index)  # a DDP padding repeat arrives as -1 - index (vit_ct.data.distributed)
-        return dict(self.load(index), valid=torch.tensor(valid))
 
 
 class CTSliceDataModule(L.LightningDataModule):
@@ -197,9 +63,14 @@ class CTSliceDataModule(L.LightningDataModule):
         num_workers: DataLoader worker processes.
         augment: Random flips, rotations, scaling, shifts, noise and contrast on the training split, applied to whole
             batches on the training device (:class:`~vit_ct.data.augment.BatchAugmentation`), after the cache.
-        cache: Keep preprocessed slices in memory, read before the first epoch (fast epochs for sets that fit).
-            Under DDP each rank caches only its shard of the evaluation splits, but the whole training split (its
-            shards are dealt anew every epoch).
+        cache: ``true`` (or ``memory``): keep preprocessed slices in memory, read before the first epoch (fast
+            epochs for sets that fit). Under DDP each rank caches only its shard of the evaluation splits, but the
+            whole training split (its shards are dealt anew every epoch). ``disk``: store every slice once on the model
+            grid (float16 HU, windowed when a batch is read) in memory-mapped files under ``cache_dir``, shared by
+            every worker and rank, rebuilt only where files or the grid change (large sets: 128 KiB a slice at 256).
+            ``false``: read every file every epoch.
+        cache_dir: Folder of the check record (every file's verdict, so later runs read no file again) and of the
+            disk cache; None: ``$VIT_CT_CACHE_DIR``, else ``~/.cache/vit-ct``.
         split_fractions: Train/val/test fractions of patients for rows without a ``split``.
         split_seed: Seed of that patient-level split.
         predict_split: Split that ``predict`` covers; None covers every row of the manifest.
@@ -227,7 +98,8 @@ class CTSliceDataModule(L.LightningDataModule):
         batch_size: int = 32,
         num_workers: int = 2,
         augment: bool = True,
-        cache: bool = True,
+        cache: bool | Literal["memory", "disk"] = True,
+        cache_dir: str | None = None,
         split_fractions: tuple[float, float, float] = SPLIT_FRACTIONS,
         split_seed: int = 0,
         predict_split: Literal["train", "val", "test"] | None = None,
@@ -263,7 +135,12 @@ class CTSliceDataModule(L.LightningDataModule):
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.augment = augment
-        self.cache = cache
+        if cache not in (True, False, "memory", "disk"):
+            raise ValueError(f"data.cache must be true, false, 'memory' or 'disk', got {cache!r}")
+        self.cache = "memory" if cache is True else cache
+        self.cache_dir = cache_dir
+        self.slice_cache: SliceCache | None = None  # with cache="disk", once the manifest is checked
+        self.check_record: CheckRecord | None = None  # the manifest's verdicts, once checked
         self.split_fractions = tuple(split_fractions)
         self.split_seed = split_seed
         self.predict_split = predict_split
@@ -308,10 +185,50 @@ class CTSliceDataModule(L.LightningDataModule):
             path = self.manifest_path()
             table = read_manifest(path, label_columns=self.label_columns, require_labels=require_labels)
             # Files first: the split keeps copies of one image (found by content) together.
-            table, self.bad_rows = validate_manifest_files(table, on_bad_file=self.on_bad_file, **self.read_options)
+            table, self.bad_rows = self._check_files(table, path)
             self.table = assign_splits(table, fractions=self.split_fractions, seed=self.split_seed)
             self._labelled = require_labels
         return self.table
+
+    def _check_files(self, table: pd.DataFrame, manifest: Path) -> tuple[pd.DataFrame, list]:
+        """`validate_manifest_files` with this manifest's check record (and disk cache), one process at a time: the
+        others (DDP ranks started at once, a second run) wait, then find every verdict and slot there."""
+        folder = cache_folder(self.cache_dir, manifest)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ValueError(
+                f"cannot use the cache folder {folder} ({e}): choose a writable folder with --data.init_args.cache_dir"
+                " (or VIT_CT_CACHE_DIR)"
+            ) from None
+        lock = FileLock(folder / "check.lock")
+        try:
+            lock.acquire(timeout=1)
+        except Timeout:
+            print(f"{manifest}: waiting for another process checking it ({lock.lock_file})", file=sys.stderr)
+            lock.acquire()
+        try:
+            self.check_record = CheckRecord(folder / "checked.sqlite")
+            if self.cache == "disk":
+                self.slice_cache = SliceCache.for_grid(folder, img_size=self.img_size, read_options=self.read_options)
+            try:
+                checked = validate_manifest_files(
+                    table,
+                    on_bad_file=self.on_bad_file,
+                    record=self.check_record,
+                    cache=self.slice_cache,
+                    **self.read_options,
+                )
+            finally:
+                self.check_record.close()
+        finally:
+            lock.release()
+        rank_zero_info(
+            f"{manifest}: {len(table)} rows checked, {self.check_record.added} files read"
+            + (f", {self.slice_cache.written} slices cached" if self.slice_cache is not None else "")
+            + f" (verdicts in {self.check_record.path})"
+        )
+        return checked
 
     def _scan_rows(self, require_labels: bool) -> pd.DataFrame:
         """The slices of ``scans`` as manifest rows (unlabelled, no split), read once."""
@@ -380,8 +297,9 @@ class CTSliceDataModule(L.LightningDataModule):
                 windows=self.windows,
                 img_size=self.img_size,
                 label_columns=self.label_columns,
-                cache=self.cache,
+                cache=self.cache == "memory",
                 read_options=self.read_options,
+                store=self.slice_cache,
             )
             indices, ranks = None, self._ranks()
             if split != "train" and ranks.get("num_replicas", 1) > 1:
@@ -414,6 +332,7 @@ class CTSliceDataModule(L.LightningDataModule):
             persistent_workers=self.num_workers > 0,
             pin_memory=self._pin_memory(),
             drop_last=False,
+            collate_fn=collate,
         )
 
     def _pin_memory(self) -> bool:
@@ -444,6 +363,7 @@ class CTSliceDataModule(L.LightningDataModule):
             persistent_workers=self.num_workers > 0,
             pin_memory=self._pin_memory(),
             drop_last=False,
+            collate_fn=collate,
         )
 
     def _evaluation_loader(self, dataset: CTSliceDataset) -> DataLoader:
@@ -463,7 +383,10 @@ class CTSliceDataModule(L.LightningDataModule):
 
     def on_after_batch_transfer(self, batch: CTBatch, dataloader_idx: int) -> CTBatch:
         """Augment training batches where they are now (GPU or CPU), with a generator seeded by (seed, rank, batch
-        number), so that a resumed run draws what the interrupted one would have drawn."""
+        number), so that a resumed run draws what the interrupted one would have drawn. Batches of the disk cache are
+        windowed first, here."""
+        if "hu" in batch:
+            batch = apply_windows(batch, self.windows)
         trainer = self.trainer
         if not (self.augment and trainer is not None and trainer.training):
             return batch

@@ -1,26 +1,35 @@
-"""The files a manifest names, checked before a run: every slice and mask read once by the loaders training uses,
-each image file hashed (for copies of one image), and the unusable rows reported by CSV line or skipped.
+"""The files a manifest names, checked before a run: every slice and mask read by the loaders training uses, each
+image file hashed (for copies of one image), and the unusable rows reported by CSV line or skipped. Verdicts are kept
+in a `CheckRecord` for later runs, and the same reading fills a `SliceCache`, so that a file is read once at most.
 """
 
 from __future__ import annotations
 
+import math
+import multiprocessing
 import os
+import time
 import warnings
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
+import torch
 from rich.progress import MofNCompleteColumn, Progress
 
+from vit_ct.data.check_record import CheckRecord, FileStat, ImageEntry, MaskEntry, stat_file
 from vit_ct.data.dicom import CT_MODALITIES
 from vit_ct.data.duplicates import check_duplicate_images, file_digest
 from vit_ct.data.labels import lesion_rows
-from vit_ct.data.reader import load_ct_slice, load_mask, read_modality
+from vit_ct.data.reader import load_ct_slice, load_mask, read_modality, read_pixel_spacing
+from vit_ct.data.slice_cache import SliceCache, SlotInfo, SlotKey
 
 __all__ = ["BadFile", "validate_manifest_files", "write_bad_files"]
+
+_COMMIT_SECONDS = 5.0  # how often verdicts and written slots are made durable while the check runs
 
 
 class BadFile(NamedTuple):
@@ -32,34 +41,111 @@ class BadFile(NamedTuple):
     reason: str
 
 
-def _check_row(
-    image: str, frame: int | None, mask: str | None, positive: bool, read: dict
-) -> tuple[list[tuple[str, str, str]], str | None]:
-    """(column, path, reason) for each problem of one manifest row, and the digest of its image file.
+class _Job(NamedTuple):
+    """What one distinct (image, frame, mask) of the manifest needs read: its verdicts, its cache slot, or both."""
 
-    Reads the slice and mask with the loaders training uses, so whatever they would refuse in a worker later
-    (NaN in a NIfTI or mask, values that are not HU, a soft mask) is found here, before the run starts.
-    """
+    image: str
+    frame: int | None
+    mask: str | None
+    image_file: FileStat | None
+    mask_file: FileStat | None
+    check_image: bool
+    check_mask: bool
+    slot: int  # -1: not cached
+    mask_slot: int
+
+
+def _reason(e: Exception) -> str:
+    return getattr(e, "reason", f"{type(e).__name__}: {e}")  # UnreadableFileError, or a decoder library's own
+
+
+def _read_image(job: _Job, read: dict) -> tuple[ImageEntry, np.ndarray | None]:
+    """Reads the slice with the loader training uses, so whatever it would refuse in a worker later (NaN in a
+    NIfTI, values that are not HU) is found now; and hashes the file."""
+    file = job.image_file or FileStat(-1, -1)
     try:
-        shape = load_ct_slice(image, frame, **read).shape
-        digest = file_digest(image)
-    except Exception as e:  # UnreadableFileError, or anything unexpected from a decoder library
-        return [("image", image, getattr(e, "reason", f"{type(e).__name__}: {e}"))], None
-    if mask is None:
-        return [], digest
-    try:
-        lesion = load_mask(mask, frame)
+        hu = load_ct_slice(job.image, job.frame, **read)
+        digest = file_digest(job.image)
+        spacing = read_pixel_spacing(job.image, job.frame)
+        modality = read_modality(job.image) if read["modalities"] != CT_MODALITIES else None
     except Exception as e:
-        return [("mask", mask, getattr(e, "reason", f"{type(e).__name__}: {e}"))], digest
-    if lesion.shape != shape:
-        return [
-            ("mask", mask, f"mask is {lesion.shape[0]}x{lesion.shape[1]} but the slice is {shape[0]}x{shape[1]}")
-        ], digest
-    if positive and not lesion.any():
+        return ImageEntry(file, _reason(e), None, None, None, None), None
+    return ImageEntry(file, None, digest, hu.shape, spacing, modality), hu
+
+
+def _read_mask(job: _Job) -> tuple[MaskEntry, np.ndarray | None]:
+    file = job.mask_file or FileStat(-1, -1)
+    try:
+        lesion = load_mask(job.mask, job.frame)
+    except Exception as e:
+        return MaskEntry(file, _reason(e), None, False), None
+    return MaskEntry(file, None, lesion.shape, bool(lesion.any())), lesion
+
+
+def _row_problems(
+    image: str, mask: str | None, image_entry: ImageEntry, mask_entry: MaskEntry | None, positive: bool
+) -> list[tuple[str, str, str]]:
+    """(column, path, reason) for each problem of one manifest row, from the verdicts on its files."""
+    if image_entry.reason is not None:
+        return [("image", image, image_entry.reason)]
+    if mask_entry is None:
+        return []
+    if mask_entry.reason is not None:
+        return [("mask", mask, mask_entry.reason)]
+    (rows, cols), (mask_rows, mask_cols) = image_entry.shape, mask_entry.shape
+    if (mask_rows, mask_cols) != (rows, cols):
+        return [("mask", mask, f"mask is {mask_rows}x{mask_cols} but the slice is {rows}x{cols}")]
+    if positive and not mask_entry.lesion:
         # An empty mask on a lesion slice would teach the patch head "no lesion anywhere" and drop the slice's
         # localisation score without a word.
-        return [("mask", mask, "mask has no lesion pixel but the slice is labelled with a lesion")], digest
-    return [], digest
+        return [("mask", mask, "mask has no lesion pixel but the slice is labelled with a lesion")]
+    return []
+
+
+def _read_job(job: _Job, read: dict, cache: SliceCache | None) -> tuple[ImageEntry | None, MaskEntry | None, bool]:
+    """The fresh verdicts this job asked for (None where it did not) and whether its slice went into the cache."""
+    image_entry = mask_entry = hu = lesion = None
+    if job.check_image or job.slot >= 0:
+        image_entry, hu = _read_image(job, read)
+    if job.mask is not None and (job.check_mask or job.slot >= 0):
+        mask_entry, lesion = _read_mask(job)
+    usable = hu is not None and (job.mask is None or (lesion is not None and lesion.shape == hu.shape))
+    if job.slot >= 0 and usable:
+        cache.write(job.slot, job.mask_slot, hu, lesion)
+    return image_entry, mask_entry, job.slot >= 0 and usable
+
+
+_WORKER: dict = {}  # what the check's worker processes share: read options and the cache
+
+
+def _start_worker(read: dict, cache: SliceCache | None) -> None:
+    torch.set_num_threads(1)  # processes, not threads, share the cores (as DataLoader workers do)
+    _WORKER.update(read=read, cache=cache)
+
+
+def _read_jobs(jobs: list[_Job]) -> list[tuple[ImageEntry | None, MaskEntry | None, bool]]:
+    return [_read_job(job, _WORKER["read"], _WORKER["cache"]) for job in jobs]
+
+
+def _available_cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _run_jobs(jobs: list[_Job], read: dict, cache: SliceCache | None, workers: int):
+    """Yields (job, result) as the jobs finish: in this process for a few jobs, else in ``workers`` processes."""
+    if workers <= 1 or len(jobs) < 2 * workers:
+        for job in jobs:
+            yield job, _read_job(job, read, cache)
+        return
+    chunk = max(1, min(64, math.ceil(len(jobs) / (8 * workers))))  # fewer messages, but a bar that moves
+    chunks = [jobs[i : i + chunk] for i in range(0, len(jobs), chunk)]
+    # fork: no re-import of torch per worker (spawn where fork does not exist); the workers use one thread each
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    with ProcessPoolExecutor(
+        workers, mp_context=multiprocessing.get_context(method), initializer=_start_worker, initargs=(read, cache)
+    ) as pool:
+        for part, results in zip(chunks, pool.map(_read_jobs, chunks), strict=True):
+            yield from zip(part, results, strict=True)
 
 
 def validate_manifest_files(
@@ -69,12 +155,16 @@ def validate_manifest_files(
     progress: bool = True,
     modalities: Sequence[str] | None = CT_MODALITIES,
     stored_values_are_hu: bool = False,
+    record: CheckRecord | None = None,
+    cache: SliceCache | None = None,
+    workers: int | None = None,
 ) -> tuple[pd.DataFrame, list[BadFile]]:
     """Check every image and mask by reading it as training will, and find copies of one image.
 
-    Each slice is read by `load_ct_slice` and each mask by `load_mask` (on a few threads), and each image file is
+    Each slice is read by `load_ct_slice` and each mask by `load_mask` (in worker processes), and each image file is
     hashed once. A row is bad when its image or mask cannot be used, the mask's size differs from the slice's, or a
-    row labelled with a lesion has an empty mask.
+    row labelled with a lesion has an empty mask. With a ``record``, files whose verdict it holds (same size and
+    modification time, same read options) are not read again, and new verdicts are added to it as they come.
 
     Args:
         df: a manifest table (`read_manifest`); uses `image`, and `mask`, `slice`, `label` (or the label columns),
@@ -83,10 +173,14 @@ def validate_manifest_files(
         progress: show a rich progress bar.
         modalities: DICOM Modality values accepted (`load_ct_slice`); None accepts any.
         stored_values_are_hu: accept CT DICOM without rescale tags, stored values taken as HU (`load_ct_slice`).
+        record: verdicts of earlier checks to reuse and extend.
+        cache: store every good row's slice on the model grid here, from the same reading (rows already cached as
+            their files are now are not read).
+        workers: processes reading files; None: one per CPU this process may use.
 
     Returns:
-        The good rows (index kept) with an `image_digest` column (the hash of the image file's bytes), and the list of
-        problems found, one `BadFile` per problem.
+        The good rows (index kept) with an `image_digest` column (the hash of the image file's bytes), and
+        `cache_slot` (the row's slot) with a ``cache``; and the list of problems found, one `BadFile` per problem.
 
     Raises:
         ValueError: with `on_bad_file="raise"` when any file is unusable: every bad row with its CSV line, path
@@ -98,36 +192,18 @@ def validate_manifest_files(
         raise ValueError("the manifest table has no 'image' column")
     has_lines = "manifest_line" in df.columns
     lines = df["manifest_line"].tolist() if has_lines else list(range(1, len(df) + 1))
-    frames = df["slice"].tolist() if "slice" in df.columns else [None] * len(df)
-    masks = df["mask"].tolist() if "mask" in df.columns else [None] * len(df)
     read = {
         "modalities": None if modalities is None else tuple(modalities),
         "stored_values_are_hu": stored_values_are_hu,
     }
-    jobs = [
-        (
-            str(image),
-            None if pd.isna(frame) else int(frame),
-            None if mask is None or pd.isna(mask) else str(mask),
-            positive,
-        )
-        for image, frame, mask, positive in zip(
-            df["image"], frames, masks, lesion_rows(df, df.attrs.get("label_columns")), strict=True
-        )
-    ]
+    rows = _rows(df)
+    entries, slots = _check_files(rows, read, record, cache, workers or _available_cpus(), progress)
+    positive = lesion_rows(df, df.attrs.get("label_columns"))
     found: dict[int, list[tuple[str, str, str]]] = {}
-    digests: list[str | None] = [None] * len(jobs)
-    with (
-        Progress(*Progress.get_default_columns(), MofNCompleteColumn(), disable=not progress) as bar,
-        ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 1) + 4)) as pool,
-    ):
-        task = bar.add_task("Checking manifest files", total=len(jobs))
-        futures = {pool.submit(_check_row, *job, read): i for i, job in enumerate(jobs)}
-        for future in as_completed(futures):
-            problems, digests[futures[future]] = future.result()
-            if problems:
-                found[futures[future]] = problems
-            bar.advance(task)
+    for i, ((image, _, mask), (image_entry, mask_entry)) in enumerate(zip(rows, entries, strict=True)):
+        problems = _row_problems(image, mask, image_entry, mask_entry, bool(positive[i]))
+        if problems:
+            found[i] = problems
     bad = [BadFile(int(lines[i]), *problem) for i in sorted(found) for problem in found[i]]
     if bad and on_bad_file == "raise":
         where = f"line number in {df.attrs['manifest']}" if has_lines and df.attrs.get("manifest") else "1-based row"
@@ -139,23 +215,142 @@ def validate_manifest_files(
         )
     keep = np.ones(len(df), dtype=bool)
     keep[list(found)] = False
-    good = df.assign(image_digest=digests)[keep]
+    columns = {"image_digest": [image_entry.digest for image_entry, _ in entries]}
+    if cache is not None:
+        columns["cache_slot"] = slots
+    good = df.assign(**columns)[keep]
     where = f"manifest {df.attrs.get('manifest', '')}".rstrip()
     if read["modalities"] != CT_MODALITIES:
-        _warn_other_modalities(good, where, read["modalities"])
+        _warn_other_modalities(
+            [entries[i][0].modality for i in np.flatnonzero(keep)], where, read["modalities"], len(good)
+        )
     check_duplicate_images(good, where)
     return good, bad
 
 
-def _warn_other_modalities(df: pd.DataFrame, where: str, modalities: tuple[str, ...] | None) -> None:
+def _rows(df: pd.DataFrame) -> list[tuple[str, int | None, str | None]]:
+    """(image, frame, mask) of each row."""
+    frames = df["slice"].tolist() if "slice" in df.columns else [None] * len(df)
+    masks = df["mask"].tolist() if "mask" in df.columns else [None] * len(df)
+    return [
+        (str(image), None if pd.isna(frame) else int(frame), None if mask is None or pd.isna(mask) else str(mask))
+        for image, frame, mask in zip(df["image"], frames, masks, strict=True)
+    ]
+
+
+def _check_files(
+    rows: list[tuple[str, int | None, str | None]],
+    read: dict,
+    record: CheckRecord | None,
+    cache: SliceCache | None,
+    workers: int,
+    progress: bool,
+) -> tuple[list[tuple[ImageEntry, MaskEntry | None]], np.ndarray]:
+    """The verdicts on each row's files and each row's cache slot (-1 when not cached): from the record and the
+    cache where they hold for the files as they are now, else read now (once per distinct image, frame and mask)."""
+    stats = {path: stat_file(path) for path in {p for image, _, mask in rows for p in (image, mask) if p is not None}}
+    known_images = record.images(read) if record is not None else {}
+    known_masks = record.masks() if record is not None else {}
+
+    def known(table: dict, path: str | None, frame: int | None):
+        entry = table.get((path, frame))
+        return entry if entry is not None and stats.get(path) is not None and entry.file == stats[path] else None
+
+    distinct = list(dict.fromkeys(rows))
+    images = {(image, frame): known(known_images, image, frame) for image, frame, _ in distinct}
+    masks = {(mask, frame): known(known_masks, mask, frame) for _, frame, mask in distinct if mask is not None}
+    slot_of = {row: -1 for row in distinct}
+    jobs: dict[tuple, _Job] = {}
+    to_cache = []
+    if cache is not None:
+        keys = [SlotKey(image, frame, stats[image], mask, stats.get(mask)) for image, frame, mask in distinct]
+        for row, key, slot in zip(distinct, keys, cache.lookup(keys), strict=True):
+            slot_of[row] = int(slot)
+            if slot < 0 and _may_cache(key, images[row[:2]], masks.get((row[2], row[1]))):
+                to_cache.append((row, key))
+        new_slots, mask_slots = cache.allocate([key for _, key in to_cache])
+        for (row, _), slot, mask_slot in zip(to_cache, new_slots, mask_slots, strict=True):
+            jobs[row] = _job(row, stats, images, masks, int(slot), int(mask_slot))
+    for row in distinct:
+        if row not in jobs and (images[row[:2]] is None or (row[2] is not None and masks[(row[2], row[1])] is None)):
+            jobs[row] = _job(row, stats, images, masks, -1, -1)
+
+    written: list[tuple[int, SlotInfo]] = []
+    fresh_images, fresh_masks = [], []
+
+    def commit() -> None:  # what is committed survives a crash or a kill of this check
+        if cache is not None:
+            cache.commit(written)
+        if record is not None:
+            record.add(read, fresh_images, fresh_masks)
+        for done in (written, fresh_images, fresh_masks):
+            done.clear()
+
+    description = "Checking manifest files" + (" and caching slices" if to_cache else "")
+    with Progress(*Progress.get_default_columns(), MofNCompleteColumn(), disable=not progress or not jobs) as bar:
+        task = bar.add_task(description, total=len(jobs))
+        last = time.monotonic()
+        try:
+            for job, (image_entry, mask_entry, wrote) in _run_jobs(list(jobs.values()), read, cache, workers):
+                row = (job.image, job.frame, job.mask)
+                if image_entry is not None:
+                    images[row[:2]] = image_entry
+                    if job.image_file is not None:
+                        fresh_images.append((job.image, job.frame, image_entry))
+                if mask_entry is not None:
+                    masks[(job.mask, job.frame)] = mask_entry
+                    if job.mask_file is not None:
+                        fresh_masks.append((job.mask, job.frame, mask_entry))
+                if wrote:
+                    slot_of[row] = job.slot
+                    written.append((job.slot, SlotInfo(image_entry.shape, image_entry.spacing_mm)))
+                bar.advance(task)
+                if time.monotonic() - last > _COMMIT_SECONDS:
+                    commit()
+                    last = time.monotonic()
+        finally:
+            commit()
+    entries = [(images[(image, frame)], None if mask is None else masks[(mask, frame)]) for image, frame, mask in rows]
+    return entries, np.array([slot_of[row] for row in rows], dtype=np.int64)
+
+
+def _may_cache(key: SlotKey, image_entry: ImageEntry | None, mask_entry: MaskEntry | None) -> bool:
+    """Whether a row's slice is worth a slot: its files are there, and the verdicts known so far allow it."""
+    if key.image_file is None or (key.mask is not None and key.mask_file is None):
+        return False
+    if image_entry is not None and image_entry.reason is not None:
+        return False
+    if mask_entry is None:
+        return True
+    return mask_entry.reason is None and (image_entry is None or mask_entry.shape == image_entry.shape)
+
+
+def _job(row: tuple, stats: dict, images: dict, masks: dict, slot: int, mask_slot: int) -> _Job:
+    image, frame, mask = row
+    return _Job(
+        image,
+        frame,
+        mask,
+        stats.get(image),
+        stats.get(mask),
+        check_image=images[(image, frame)] is None,
+        check_mask=mask is not None and masks[(mask, frame)] is None,
+        slot=slot,
+        mask_slot=mask_slot,
+    )
+
+
+def _warn_other_modalities(
+    modalities_found: list[str | None], where: str, modalities: tuple[str, ...] | None, n_rows: int
+) -> None:
     """Accepted non-CT slices are counted once per manifest, so their share is never a surprise."""
-    found = pd.Series([read_modality(image) for image in df["image"]], dtype=object).dropna()
+    found = pd.Series(modalities_found, dtype=object).dropna()
     other = found[found != "CT"].replace("", "no Modality").value_counts()
     if other.empty:
         return
     counts = ", ".join(f"{name} {count}" for name, count in other.items())
     warnings.warn(
-        f"{where}: {other.sum()} of {len(df)} slices are not CT ({counts}), accepted by modalities={modalities}:"
+        f"{where}: {other.sum()} of {n_rows} slices are not CT ({counts}), accepted by modalities={modalities}:"
         " their values are used as if they were Hounsfield units",
         UserWarning,
         stacklevel=3,
