@@ -382,15 +382,15 @@ def test_a_value_of_the_wrong_kind_ends_in_one_line_naming_the_option(data, opti
      ("--data.init_args.windows", "[brian]", "data.windows: unknown window preset 'brian'")],
 )  # fmt: skip
 def test_a_value_the_data_refuses_is_reported_without_the_parsers_dump(data, option, value, said, capsys):
-    from vit_ct.cli import _print_error
+    from vit_ct.run.console import print_error
 
     manifest, _ = data
     with pytest.raises(ValueError) as error:  # from Python the error is raised; the command prints it
         main(["fit", *manifest_args(manifest), *NO_LOGGER, option, value])
-    assert _print_error(error.value) == 1
+    assert print_error(error.value) == 1
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith(f"vit-ct: error: {said}") and len(err) == 2  # the message, then where it was raised
-    assert "Given value" not in "\n".join(err) and "datamodule.py" in err[1]
+    assert "Given value" not in "\n".join(err) and "slice_module.py" in err[1]
 
 
 @pytest.mark.slow

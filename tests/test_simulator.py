@@ -114,7 +114,7 @@ def open_files() -> int:
 
 def test_data_module_is_light_until_setup_and_evaluates_on_its_own_seed_family():
     data = SimulatorDataModule(img_size=32, slice_size=64, epoch_size=8, val_size=8, batch_size=4, num_workers=2)
-    assert data.num_channels == 1 and data.datasets == {}
+    assert data.num_channels == 2 and data.datasets == {}  # the default windows: brain and subdural
     before = open_files()
     data.setup("fit")  # the validation set, simulated by 2 workers
     assert open_files() - before < 8  # not one file descriptor per tensor a worker sent (ulimit is often 1024)
@@ -122,7 +122,7 @@ def test_data_module_is_light_until_setup_and_evaluates_on_its_own_seed_family()
     assert len(val) == 8 and list(val.table.columns[:3]) == ["image", "label", "mask"]
     assert (val.table["label"] == [int(val.load(i)["label"]) for i in range(8)]).all()
     batch = next(iter(data.val_dataloader()))
-    assert batch["image"].shape == (4, 1, 32, 32) and batch["valid"].all()
+    assert batch["image"].shape == (4, 2, 32, 32) and batch["valid"].all()
     train = next(iter(data.train_dataloader()))["image"]
     assert not any(torch.equal(train[i], batch["image"][j]) for i in range(4) for j in range(4))
     with pytest.raises(ValueError, match="slice_size"):

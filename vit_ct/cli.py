@@ -7,26 +7,22 @@ and exits 1; ``--debug`` (or ``VIT_CT_DEBUG=1``) prints the full traceback inste
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import sys
-import traceback
-import warnings
 from pathlib import Path
 
 import torch
-import yaml
 from jsonargparse import Namespace, lazy_instance
 from lightning.fabric.plugins.io import CheckpointIO, TorchCheckpointIO
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ProgressBar, RichProgressBar
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from rich.console import Console
 
-from vit_ct.data.datamodule import CTSliceDataModule
+from vit_ct.data.slice_module import SliceDataModule
 from vit_ct.model import ViTClassifier
 from vit_ct.run.checkpoint import (
     AtomicCheckpointIO,
@@ -36,83 +32,25 @@ from vit_ct.run.checkpoint import (
     read_wandb_run_id,
 )
 from vit_ct.run.checkpoint_input import SPECIAL_CKPT_PATHS, follow_checkpoint
-from vit_ct.run.compat import subcommand_defaults, summarise_parser_error, wandb_init_arguments
+from vit_ct.run.compat import subcommand_defaults
+from vit_ct.run.console import DEBUG, CommandParser, print_error, print_interrupted, quiet_lightning
 from vit_ct.run.hardware import accelerator_name, describe_machine, resolve_precision
-from vit_ct.run.interrupts import EXIT_STATUS, received_signal, stop_on_sigterm
+from vit_ct.run.interrupts import received_signal, stop_on_sigterm
 from vit_ct.run.progress import EpochLines
-from vit_ct.run.runs import BadFilesReport, remove_run_without_checkpoint, run_dir, write_summary
+from vit_ct.run.runs import BadFilesReport, LoggedConfigCallback, run_dir, write_summary
 from vit_ct.run.scan_auroc import ScanAUROC
 from vit_ct.run.threads import share_cores_with_children, use_threads
 from vit_ct.run.trainer import Trainer as AutoPrecisionTrainer
 from vit_ct.run.wandb_media import RolloutOverlayCallback
+from vit_ct.run.wandb_runs import (
+    drop_unset_anonymous,
+    finish_wandb_run,
+    place_wandb_runs,
+    use_wandb_offline_unless_configured,
+    wandb_dir,
+)
 
-
-class _NoNoise(logging.Filter):
-    """Lines of Lightning's that say nothing a user can act on: a tip to install its own cloud logger (on every run
-    without it) and, when SIGTERM stopped the command, that a "KeyboardInterrupt" was detected (vit-ct's own line
-    says what happened)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        if "litlogger" in message:
-            return False
-        return not (received_signal() is not None and ("KeyboardInterrupt" in message or "SIGTERM" in message))
-
-
-for _name in ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch.trainer.connectors.signal_connector"):
-    logging.getLogger(_name).addFilter(_NoNoise())
-# Lightning's own pytree helper uses a torch API that torch >= 2.10 deprecates, on every predict and test
-warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
-# predict runs without the checkpoint's ModelCheckpoint on purpose (it writes no checkpoints)
-warnings.filterwarnings("ignore", message="Be aware that when using `ckpt_path`, callbacks used to create")
-
-
-def use_wandb_offline_unless_configured() -> None:
-    """Keep W&B offline unless the user set ``WANDB_MODE``, ``WANDB_API_KEY`` or logged in (``~/.netrc``)."""
-    if os.environ.get("WANDB_MODE") or os.environ.get("WANDB_API_KEY"):
-        return
-    netrc = Path.home() / ".netrc"
-    if netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="ignore"):
-        return
-    os.environ["WANDB_MODE"] = "offline"
-
-
-DEBUG = "VIT_CT_DEBUG"  # set (or `--debug`): errors print their full traceback
-
-
-class LoggedConfigCallback(SaveConfigCallback):
-    """Writes the full CLI config into the run folder and sends it to the logger (W&B), on rank 0 only. If the run
-    fails before it wrote a checkpoint, the folder it made (holding only that config) is removed again."""
-
-    created: Path | None = None  # the run folder, when this callback made it
-
-    def save_config(self, trainer: Trainer, pl_module, stage: str) -> None:
-        if stage == "predict" and trainer.logger is None:  # no run folder: the outputs are in --output_dir
-            return
-        folder = run_dir(trainer)
-        self.created = None if folder.exists() else folder
-        folder.mkdir(parents=True, exist_ok=True)
-        self.parser.save(self.config, folder / self.config_filename, skip_none=False, overwrite=True)
-        if trainer.logger is not None:
-            config = yaml.safe_load(self.parser.dump(self.config, skip_none=False))
-            trainer.logger.log_hyperparams(config)
-
-    def on_exception(self, trainer: Trainer, pl_module, exception: BaseException) -> None:
-        if trainer.is_global_zero and self.created is not None and remove_run_without_checkpoint(self.created):
-            rank_zero_info(f"the failed run wrote no checkpoint: its folder {self.created} was removed")
-
-
-class CommandParser(LightningArgumentParser):
-    """LightningCLI's parser, whose error for a bad option value ends in one line naming the option, the value and
-    what was expected, instead of ~100 lines of usage (``--debug`` shows jsonargparse's own report)."""
-
-    def error(self, message: str, ex: Exception | None = None):
-        if not self.exit_on_error or os.environ.get(DEBUG, "") not in ("", "0"):
-            super().error(message, ex)
-        parser = getattr(ex, "subcommand_parser", None) or self
-        prog = parser.prog.replace(" [options]", "")
-        sys.stderr.write(f"{prog}: error: {summarise_parser_error(message)} (`{prog} --help` lists the options)\n")
-        sys.exit(2)
+quiet_lightning()
 
 
 class VitCTCLI(LightningCLI):
@@ -120,6 +58,7 @@ class VitCTCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(BestAndLastCheckpoint, "checkpoint")
+        parser.set_defaults({"data": {"class_path": "vit_ct.CTSliceDataModule"}})  # a config may name another
         parser.set_defaults(
             {
                 "checkpoint.monitor": "val/auroc",
@@ -213,7 +152,7 @@ class VitCTCLI(LightningCLI):
             trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, LearningRateMonitor)]
         for logger in trainer.loggers:
             if isinstance(logger, WandbLogger):
-                _drop_unset_anonymous(logger)
+                drop_unset_anonymous(logger)
         return trainer
 
     def _check_data(self, stage: str) -> None:
@@ -293,7 +232,7 @@ class VitCTCLI(LightningCLI):
             "run_dir": str(folder.resolve()),  # absolute: the summary is read from other folders too
             "best_checkpoint": _absolute(getattr(checkpoint, "best_model_path", "")),
             "last_checkpoint": _absolute(getattr(checkpoint, "last_model_path", "")),
-            "wandb_dir": _wandb_dir(trainer),
+            "wandb_dir": wandb_dir(trainer),
             "machine": describe_machine(),
             "precision": str(trainer.precision),
             "localisation_tolerance_mm": self.model.hparams.localisation_tolerance_mm,
@@ -323,39 +262,12 @@ def _checkpoint_to_test(checkpoint) -> str | None:
     return last
 
 
-def _drop_unset_anonymous(logger: WandbLogger) -> None:
-    """Lightning's WandbLogger always passes ``anonymous`` to ``wandb.init`` (None when unset), and W&B (>= 0.19)
-    warns about the deprecated setting whenever it is passed at all; leave it out unless the user set it."""
-    arguments = wandb_init_arguments(logger)
-    if arguments.get("anonymous", "set") is None:
-        del arguments["anonymous"]
-
-
-def place_wandb_runs(config: Namespace) -> None:
-    """A W&B logger without ``save_dir`` saves its run (and Lightning the checkpoints) under
-    ``--trainer.default_root_dir``, else under ``runs/``; an explicit ``save_dir`` (or ``dir``) wins."""
-    loggers = config.trainer.logger if isinstance(config.trainer.logger, list) else [config.trainer.logger]
-    for logger in loggers:
-        is_wandb = isinstance(logger, Namespace) and str(logger.get("class_path", "")).endswith("WandbLogger")
-        if is_wandb and logger.init_args.get("save_dir") is None and logger.init_args.get("dir") is None:
-            # absolute: W&B writes its files from another thread, which must not follow a later change of directory
-            logger.init_args.save_dir = os.path.abspath(config.trainer.get("default_root_dir") or "runs")
-
-
 def _is_given(value) -> bool:
     return value is not None
 
 
 def _absolute(path: str | None) -> str | None:
     return str(Path(path).resolve()) if path else None
-
-
-def _wandb_dir(trainer: Trainer) -> str | None:
-    logger = trainer.logger
-    if isinstance(logger, WandbLogger):
-        run = logger.experiment
-        return getattr(run, "dir", None) and str(Path(run.dir).parent.resolve())
-    return None
 
 
 def main(args: list[str] | None = None, *, run: bool = True) -> VitCTCLI | None:
@@ -385,49 +297,14 @@ def main(args: list[str] | None = None, *, run: bool = True) -> VitCTCLI | None:
         signum = received_signal()
         if signum is None and not isinstance(err, KeyboardInterrupt):
             raise
-        sys.exit(_print_interrupted(signum or signal.SIGINT, sys.argv[1:2]))
+        sys.exit(print_interrupted(signum or signal.SIGINT, sys.argv[1:2]))
     except Exception as err:
         if received_signal() is not None:  # e.g. a DataLoader worker killed by the same SIGTERM
-            sys.exit(_print_interrupted(received_signal(), sys.argv[1:2]))
+            sys.exit(print_interrupted(received_signal(), sys.argv[1:2]))
         if os.environ.get(DEBUG, "") not in ("", "0"):
             raise
-        sys.exit(_print_error(err))
+        sys.exit(print_error(err))
     return None
-
-
-def _print_interrupted(signum: signal.Signals, subcommand: list[str]) -> int:
-    """One line saying what an interrupted command left; returns the exit status (128 + the signal)."""
-    left = {
-        "fit": "the checkpoints written so far are kept (resume with --ckpt_path RUN/checkpoints/last.ckpt)",
-        "predict": "--output_dir is as it was before this run",
-    }.get(subcommand[0] if subcommand else "", "nothing half-written is left")
-    name = "Ctrl-C" if signum == signal.SIGINT else signum.name
-    print(f"vit-ct: interrupted ({name}): {left}", file=sys.stderr)
-    return EXIT_STATUS.get(signum, 1)
-
-
-def _print_error(err: Exception) -> int:
-    """The error's message and the line that raised it, on stderr; returns the exit status."""
-    err = _innermost(err)
-    frame = traceback.extract_tb(err.__traceback__)[-1] if err.__traceback__ else None
-    where = f" at {frame.filename}:{frame.lineno}" if frame else ""
-    kind = "" if isinstance(err, ValueError) else f"{type(err).__name__}: "  # a ValueError's message names the input
-    print(f"vit-ct: error: {kind}{err}", file=sys.stderr)
-    print(f"  ({type(err).__name__}{where}; the full traceback: rerun with --debug or {DEBUG}=1)", file=sys.stderr)
-    return 1
-
-
-def _innermost(err: BaseException) -> BaseException:
-    """The error vit-ct itself raised, when a library wrapped it: jsonargparse reports a bad ``--data.*`` value that
-    the data module refused inside a dump of every subtype it tried, with vit-ct's ValueError as the cause."""
-    found = err
-    while found.__cause__ is not None:
-        found = found.__cause__
-        if isinstance(found, ValueError) and any(
-            "vit_ct" in Path(frame.filename).parts for frame in traceback.extract_tb(found.__traceback__)
-        ):
-            return found
-    return err
 
 
 def _cli(args: list[str] | None, run: bool) -> VitCTCLI:
@@ -437,7 +314,7 @@ def _cli(args: list[str] | None, run: bool) -> VitCTCLI:
     try:
         cli = VitCTCLI(
             ViTClassifier,
-            CTSliceDataModule,
+            SliceDataModule,
             trainer_class=AutoPrecisionTrainer,
             parser_class=CommandParser,
             parser_kwargs={"prog": "vit-ct"},  # also from `python -m vit_ct` and in-process main()
@@ -463,17 +340,8 @@ def _cli(args: list[str] | None, run: bool) -> VitCTCLI:
             run=run,
         )
     except BaseException:
-        _finish_wandb_run(exit_code=1)
+        finish_wandb_run(exit_code=1)
         raise
     if run:
-        _finish_wandb_run(exit_code=0)
+        finish_wandb_run(exit_code=0)
     return cli
-
-
-def _finish_wandb_run(exit_code: int) -> None:
-    """A command's W&B run ends with the command. Otherwise the next ``main()`` in the same Python process (a notebook,
-    a script running several commands) would log into it: Lightning's WandbLogger reuses an active run."""
-    import wandb
-
-    if wandb.run is not None:
-        wandb.finish(exit_code=exit_code)

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-import lightning as L
 import numpy as np
 import pandas as pd
 import torch
@@ -18,9 +17,7 @@ from filelock import FileLock, Timeout
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, WeightedRandomSampler
 
-from vit_ct.data.augment import BatchAugmentation
 from vit_ct.data.check_record import CheckRecord
-from vit_ct.data.contract import InputContract
 from vit_ct.data.distributed import (
     EpochShuffleSampler,
     MarkedPaddingSampler,
@@ -35,19 +32,18 @@ from vit_ct.data.manifest import (
     validate_manifest_files,
     write_bad_files,
 )
-from vit_ct.data.model_input import HEAD_HU, apply_windows, model_grid_spacing
+from vit_ct.data.model_input import HEAD_HU, model_grid_spacing
 from vit_ct.data.scans import Scan, Skipped, find_scans, scan_table
 from vit_ct.data.slice_cache import SliceCache, cache_folder
 from vit_ct.data.slice_dataset import CTBatch, CTSliceDataset, collate, slice_item
+from vit_ct.data.slice_module import DEFAULT_IMG_SIZE, DEFAULT_WINDOWS, SliceDataModule, Window
 from vit_ct.data.splits import SPLIT_FRACTIONS
-from vit_ct.data.windows import parse_windows
 
 # HEAD_HU, model_grid_spacing, CTBatch and slice_item lived here before; sim and saved code import them from here.
 __all__ = ["HEAD_HU", "CTBatch", "CTSliceDataModule", "CTSliceDataset", "model_grid_spacing", "slice_item"]
-Window = str | tuple[float, float]
 
 
-class CTSliceDataModule(L.LightningDataModule):
+class CTSliceDataModule(SliceDataModule):
     """CT slices from a manifest CSV (columns ``image``, ``label``, optional ``patient_id``, ``split``, ``mask``,
     ``slice``; see the README).
 
@@ -92,8 +88,8 @@ class CTSliceDataModule(L.LightningDataModule):
         manifest: str | None = None,
         *,
         scans: str | list[str] | None = None,
-        windows: Window | list[Window] = ("brain", "subdural"),
-        img_size: int = 192,
+        windows: Window | list[Window] = DEFAULT_WINDOWS,
+        img_size: int = DEFAULT_IMG_SIZE,
         label_columns: list[str] | None = None,
         batch_size: int = 32,
         num_workers: int = 2,
@@ -108,33 +104,22 @@ class CTSliceDataModule(L.LightningDataModule):
         modalities: tuple[str, ...] | None = ("CT",),
         stored_values_are_hu: bool = False,
     ) -> None:
-        super().__init__()
+        read_options = {"modalities": None if modalities is None else tuple(modalities),
+                        "stored_values_are_hu": stored_values_are_hu}  # fmt: skip
+        super().__init__(windows=windows, img_size=img_size, batch_size=batch_size, num_workers=num_workers,
+                         augment=augment, read_options=read_options)  # fmt: skip
         if manifest is not None and scans:
             raise ValueError("give data.manifest or data.scans, not both")
         self.manifest = manifest
         self.scans = ([scans] if isinstance(scans, str) else list(scans)) if scans else None
         self.found_scans: list[Scan] = []
         self.skipped_objects: list[Skipped] = []  # files under `scans` that are not CT slices
-        try:
-            self.windows = parse_windows(windows)
-        except ValueError as err:
-            raise ValueError(f"data.windows: {err}") from None
-        if img_size <= 0:
-            raise ValueError(f"data.img_size must be a positive number of pixels, got {img_size}")
-        if batch_size <= 0:
-            raise ValueError(f"data.batch_size must be a positive number of slices, got {batch_size}")
-        if num_workers < 0:
-            raise ValueError(f"data.num_workers must be 0 (load in the main process) or more, got {num_workers}")
         if len(split_fractions) != 3 or abs(sum(split_fractions) - 1.0) > 1e-6 or min(split_fractions) < 0:
             raise ValueError(
                 f"data.split_fractions must be three non-negative numbers (train, val, test) summing to 1, got"
                 f" {split_fractions}"
             )
-        self.img_size = img_size
         self.label_columns = label_columns
-        self.batch_size = batch_size
-        self.num_workers = num_workers
-        self.augment = augment
         if cache not in (True, False, "memory", "disk"):
             raise ValueError(f"data.cache must be true, false, 'memory' or 'disk', got {cache!r}")
         self.cache = "memory" if cache is True else cache
@@ -146,27 +131,11 @@ class CTSliceDataModule(L.LightningDataModule):
         self.predict_split = predict_split
         self.on_bad_file = on_bad_file
         self.weighted_sampler = weighted_sampler
-        self.augmentation = BatchAugmentation()
-        self.read_options = {
-            "modalities": None if modalities is None else tuple(modalities),
-            "stored_values_are_hu": stored_values_are_hu,
-        }
         self.table: pd.DataFrame | None = None
         self.bad_rows: list = []
         self.bad_rows_report: Path | None = None  # bad_files.csv, written when on_bad_file="skip" left rows out
         self._labelled = False  # whether `table` was read requiring labels
         self.datasets: dict[str, CTSliceDataset] = {}
-
-    @property
-    def num_channels(self) -> int:
-        """Input channels of the model: one per window."""
-        return len(self.windows)
-
-    def input_contract(self, patch_size: int) -> InputContract:
-        """How this module prepares slices for a model with ``patch_size`` (recorded in its checkpoints)."""
-        return InputContract.of(
-            img_size=self.img_size, patch_size=patch_size, windows=self.windows, read_options=self.read_options
-        )
 
     def manifest_path(self) -> Path:
         if self.manifest is None:
@@ -335,17 +304,6 @@ class CTSliceDataModule(L.LightningDataModule):
             collate_fn=collate,
         )
 
-    def _pin_memory(self) -> bool:
-        """Page-locked batches when they go to a CUDA device: the copy then overlaps the step before."""
-        trainer = self.trainer
-        return trainer is not None and trainer.strategy.root_device.type == "cuda"
-
-    def _ranks(self) -> dict[str, int]:
-        """``num_replicas`` and ``rank`` of this process under a multi-process strategy, else empty."""
-        trainer = self.trainer
-        kwargs = trainer.distributed_sampler_kwargs if trainer is not None else None
-        return {"num_replicas": kwargs["num_replicas"], "rank": kwargs["rank"]} if kwargs else {}
-
     def train_dataloader(self) -> DataLoader:
         dataset = self._dataset("train")
         if self.weighted_sampler and not self.label_columns:
@@ -366,32 +324,17 @@ class CTSliceDataModule(L.LightningDataModule):
             collate_fn=collate,
         )
 
-    def _evaluation_loader(self, dataset: CTSliceDataset) -> DataLoader:
-        ranks = self._ranks()
-        if ranks.get("num_replicas", 1) > 1:  # pad the shards with marked repeats, never count a slice twice
-            return self._loader(dataset, sampler=MarkedPaddingSampler(dataset, **ranks))
-        return self._loader(dataset)
+    def _split_loader(self, split: str) -> DataLoader:
+        workers = {"num_workers": self.num_workers, "persistent_workers": self.num_workers > 0}
+        return self._evaluation_loader(
+            self._dataset(split), pin_memory=self._pin_memory(), collate_fn=collate, **workers
+        )
 
     def val_dataloader(self) -> DataLoader:
-        return self._evaluation_loader(self._dataset("val"))
+        return self._split_loader("val")
 
     def test_dataloader(self) -> DataLoader:
-        return self._evaluation_loader(self._dataset("test"))
+        return self._split_loader("test")
 
     def predict_dataloader(self) -> DataLoader:
         return self._loader(self._dataset(self.predict_split))
-
-    def on_after_batch_transfer(self, batch: CTBatch, dataloader_idx: int) -> CTBatch:
-        """Augment training batches where they are now (GPU or CPU), with a generator seeded by (seed, rank, batch
-        number), so that a resumed run draws what the interrupted one would have drawn. Batches of the disk cache are
-        windowed first, here."""
-        if "hu" in batch:
-            batch = apply_windows(batch, self.windows)
-        trainer = self.trainer
-        if not (self.augment and trainer is not None and trainer.training):
-            return batch
-        image = batch["image"]
-        number = trainer.fit_loop.epoch_loop.batch_progress.total.ready  # batches drawn before this one, checkpointed
-        state = np.random.SeedSequence([global_seed(), trainer.global_rank, number]).generate_state(2)
-        generator = torch.Generator(device=image.device).manual_seed(int(state[0]) << 32 | int(state[1]))
-        return self.augmentation(batch, generator)

@@ -8,11 +8,9 @@ groups and schedule :mod:`vit_ct.model.optim`.
 
 from __future__ import annotations
 
-import math
-from typing import Literal, NamedTuple
+from typing import Literal
 
 import lightning as L
-import timm
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
@@ -25,24 +23,14 @@ from vit_ct.explain.maps import Explained, explain_forward
 from vit_ct.explain.sink import sink_per_slice
 from vit_ct.metrics.classification import classification_metrics
 from vit_ct.metrics.maps import MapMetrics
-from vit_ct.model.losses import attention_loss, classification_loss, patch_loss
+from vit_ct.model.hparams import check_hparams, predated_hparams
+from vit_ct.model.losses import Losses, attention_loss, classification_loss, patch_loss
 from vit_ct.model.network import AirSkippingViT
 from vit_ct.model.optim import param_groups, warmup_cosine_schedule
 from vit_ct.model.stem import ConvStemPatchEmbed
 from vit_ct.model.weights import check_pretrained_tag, load_state, load_weights, pretrained_state_dict
 
 STAGES = ("val", "test")
-# Hyper-parameters that did not exist when older checkpoints were written, with the value those were trained with
-# (vit-ct's defaults have changed since): put back by on_load_checkpoint.
-BEFORE_THEY_EXISTED = {"mask_air": False, "attention_loss_weight": 0.0}
-
-
-class Losses(NamedTuple):
-    """A batch's loss and its parts; ``logits`` in float32."""
-
-    total: torch.Tensor
-    logits: torch.Tensor
-    parts: dict[str, torch.Tensor]
 
 
 class ViTClassifier(L.LightningModule):
@@ -65,12 +53,9 @@ class ViTClassifier(L.LightningModule):
         num_heads: Attention heads; None keeps the architecture's.
         reg_tokens: Register tokens beside the class token (arXiv:2309.16588).
         mask_air: Patches that hold nothing (every pixel at the floor of every window: air, padding, outside the
-            scan circle) are not attention keys: no token attends to them, so the class token cannot park its
-            attention in the air and the rollout is zero there by construction, not by erasing the map afterwards.
-            As nothing they compute could reach another token, they skip the blocks (keep their embedding): the
-            blocks run only the tokens that are keys somewhere in the batch, about 1.3-1.4x faster at the same
-            logits; recorded attention is still on the full sequence (identity rows, zero columns for air).
-            Decided from the model's input alone, so training, validation, predict and review mask alike.
+            scan circle) are not attention keys, so the class token cannot park its attention in the air: the rollout
+            is zero there by construction, not by erasing the map afterwards; and they skip the blocks, 1.3-1.4x
+            faster at the same logits (:class:`vit_ct.model.network.AirSkippingViT`). Decided from the input alone.
         drop_rate: Dropout before the classifier.
         attn_drop_rate: Dropout on the attention weights, after the softmax.
         drop_path_rate: Stochastic depth, rising linearly to this rate in the last block.
@@ -99,11 +84,9 @@ class ViTClassifier(L.LightningModule):
             the attention loss is on (``attention_loss_weight`` > 0), whose attention must stay in the graph.
         weights: Initial weights: a vit-ct checkpoint or a timm state-dict file. Channels, position grid and
             differently sized heads are adapted. Only the network is loaded, not the trainer state.
-        pretrained: A timm pretrained tag (e.g. ``vit_small_patch16_224.augreg_in21k_ft_in1k``,
-            ``vit_base_patch16_224.mae``): the network takes the tag's architecture (``arch``, ``embed_dim``,
-            ``depth`` and ``num_heads`` are then not used) and its weights, loaded by timm through the Hugging Face
-            hub and its local cache (``HF_HUB_OFFLINE=1`` once cached), adapted as for ``weights``. Use it with
-            ``stem: patch``: a conv stem has no pretrained weights and starts afresh.
+        pretrained: A timm pretrained tag (e.g. ``vit_small_patch16_224.augreg_in21k_ft_in1k``): the network takes
+            the tag's architecture (``arch``, ``embed_dim``, ``depth``, ``num_heads`` unused) and its weights, loaded
+            by timm through the Hugging Face hub and its local cache, adapted as for ``weights``; with ``stem: patch``.
         optimizer: Replaces the default AdamW; receives the parameter groups.
         scheduler: Replaces the default per-step warm-up + cosine schedule.
     """
@@ -150,9 +133,7 @@ class ViTClassifier(L.LightningModule):
         super().__init__()
         if num_classes is None:  # multi-label: one output per named label
             num_classes = len(class_names) if multilabel and class_names else 2
-        _check_arguments(
-            num_classes, multilabel, img_size, patch_size, class_names, class_weights, label_weights, arch, lr
-        )
+        check_hparams({**arguments, "num_classes": num_classes})
         if weights and pretrained:
             raise ValueError("give --model.weights or --model.pretrained, not both")
         # `weights` is a start point, not part of the model: a checkpoint must load without that file.
@@ -244,10 +225,8 @@ class ViTClassifier(L.LightningModule):
         """Restore a vit-ct checkpoint; the file is read with ``weights_only=True``, so it cannot run code."""
         if kwargs.pop("weights_only", True) is not True:
             raise ValueError(f"vit-ct loads checkpoints with weights_only=True only (not {checkpoint_path})")
-        return super().load_from_checkpoint(
-            checkpoint_path, map_location=map_location, hparams_file=hparams_file, strict=strict, weights_only=True,
-            **kwargs,
-        )  # fmt: skip
+        kwargs.update(map_location=map_location, hparams_file=hparams_file, strict=strict, weights_only=True)
+        return super().load_from_checkpoint(checkpoint_path, **kwargs)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         """Records how the weights see their input (:class:`~vit_ct.data.contract.InputContract`): as the trainer's
@@ -262,13 +241,11 @@ class ViTClassifier(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         """A checkpoint decides how its weights see the input and how they were trained: its input contract (input
-        size, windows, read options), and the options it predates run as they did then (:data:`BEFORE_THEY_EXISTED`:
+        size, windows, read options), and the options it predates run as they did then (:func:`predated_hparams`:
         e.g. one saved before ``mask_air`` existed was trained with every patch as a key, and is run that way,
         whatever the current default or a config says)."""
         self.input_contract = InputContract.from_checkpoint(checkpoint)
-        saved = checkpoint.get("hyper_parameters", {})
-        missing = {name: value for name, value in BEFORE_THEY_EXISTED.items() if name not in saved}
-        self.hparams.update(missing)
+        self.hparams.update(predated_hparams(checkpoint.get("hyper_parameters", {})))
         self.vit.mask_air = bool(self.hparams.mask_air)
         self.attention_loss_weight = float(self.hparams.attention_loss_weight)
 
@@ -412,29 +389,3 @@ class ViTClassifier(L.LightningModule):
         h = self.hparams
         return param_groups(self.vit, lr=h.lr, weight_decay=h.weight_decay, layer_decay=h.layer_decay,
                             extra=self.patch_head)  # fmt: skip
-
-
-def _check_arguments(
-    num_classes, multilabel, img_size, patch_size, class_names, class_weights, label_weights, arch, lr
-) -> None:
-    """Bad model arguments, named with what was expected, before anything is built."""
-    if num_classes < 1 or (num_classes < 2 and not multilabel):
-        raise ValueError(f"num_classes must be >= 2 (or >= 1 with multilabel), got {num_classes}")
-    if img_size % patch_size:
-        raise ValueError(f"img_size ({img_size}) must be a multiple of patch_size ({patch_size})")
-    if class_names is not None and len(class_names) != num_classes:
-        raise ValueError(
-            f"class_names has {len(class_names)} names (multi-label: from data.label_columns) for"
-            f" num_classes={num_classes}; set --model.num_classes {len(class_names)}, or leave it unset"
-        )
-    if class_weights is not None and len(class_weights) != num_classes:
-        raise ValueError(f"class_weights has {len(class_weights)} values for num_classes={num_classes}")
-    if label_weights is not None and (not multilabel or len(label_weights) != num_classes):
-        raise ValueError(
-            f"label_weights ({len(label_weights)} values) need multi-label data with as many labels; got"
-            f" multilabel={multilabel}, num_classes={num_classes}"
-        )
-    if not timm.is_model(arch) or not arch.startswith(("vit_", "deit")):
-        raise ValueError(f"arch {arch!r} is not a timm Vision Transformer (e.g. vit_tiny_patch16_224)")
-    if not (math.isfinite(lr) and lr > 0):  # lr 0 would train nothing without a word; a negative one ascends
-        raise ValueError(f"model.lr must be a finite number > 0 (e.g. 5e-4), got {lr}")

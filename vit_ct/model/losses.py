@@ -5,7 +5,7 @@ classification loss, the patch loss from lesion masks, and the attention loss th
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -14,6 +14,14 @@ from vit_ct.data.labels import lesion_label
 from vit_ct.explain.rollout import class_token_rollout
 
 Task = Literal["binary", "multiclass", "multilabel"]
+
+
+class Losses(NamedTuple):
+    """A batch's loss and its parts; ``logits`` in float32."""
+
+    total: torch.Tensor
+    logits: torch.Tensor
+    parts: dict[str, torch.Tensor]
 
 
 def classification_loss(

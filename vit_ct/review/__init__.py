@@ -1,44 +1,39 @@
-"""Reviewing a run, behind ``notebooks/attention_review.ipynb``: the review table and its metrics and cases
-(:mod:`~vit_ct.review.cases`), figures and the case browser (:mod:`~vit_ct.review.figures`), and the headless notebook
-runner (:mod:`~vit_ct.review.notebook`, ``python -m vit_ct.review``)."""
+"""Reviewing a run, behind ``notebooks/attention_review.ipynb``: where the model and slices come from
+(:mod:`~vit_ct.review.loading`), the review table (:mod:`~vit_ct.review.table`) and what it says as a whole
+(:mod:`~vit_ct.review.summaries`), one case in depth and the export (:mod:`~vit_ct.review.cases`), figures and the case
+browser (:mod:`~vit_ct.review.figures`), and the headless notebook runner (:mod:`~vit_ct.review.notebook`,
+``python -m vit_ct.review``)."""
 
-from vit_ct.review.cases import (
-    GROUPS,
-    METHODS,
-    SCORES,
-    CaseMaps,
-    calibration_bins,
-    case_images,
-    case_maps,
-    confusion,
-    expected_calibration_error,
-    export_flagged,
-    gallery,
+from vit_ct.review.cases import METHODS, CaseMaps, case_maps, export_flagged, review_csv
+from vit_ct.review.loading import (
     load_review,
-    localisation_scores,
-    localisation_summary,
-    outcome,
-    pick_case,
     project_path,
     project_root,
     resolve_checkpoint,
-    review_csv,
     review_datamodule,
+    run_config,
+)
+from vit_ct.review.summaries import (
+    GROUPS,
+    calibration_bins,
+    confusion,
+    expected_calibration_error,
+    gallery,
+    localisation_summary,
+    pick_case,
     review_order,
     roc_points,
-    run_config,
-    run_review,
     scan_results,
     sink_summary,
-    source_map,
     summary_metrics,
 )
+from vit_ct.review.table import SCORES, case_images, localisation_scores, outcome, run_review, source_map
 
 __all__ = [
+    "CaseMaps",
     "GROUPS",
     "METHODS",
     "SCORES",
-    "CaseMaps",
     "calibration_bins",
     "case_images",
     "case_maps",
@@ -60,8 +55,8 @@ __all__ = [
     "roc_points",
     "run_config",
     "run_review",
+    "scan_results",
     "sink_summary",
     "source_map",
-    "scan_results",
     "summary_metrics",
 ]

@@ -16,21 +16,18 @@ from vit_ct.data.windows import WINDOW_PRESETS, parse_windows
 from vit_ct.explain.overlay import render_overlay
 from vit_ct.files import atomic_write
 from vit_ct.model import ViTClassifier
-from vit_ct.review.cases import (
+from vit_ct.review.cases import METHODS, CaseMaps, case_maps
+from vit_ct.review.summaries import (
     GROUPS,
-    METHODS,
-    CaseMaps,
     calibration_bins,
-    case_images,
-    case_maps,
     confusion,
     expected_calibration_error,
     gallery,
     review_order,
     roc_points,
-    source_map,
     summary_metrics,
 )
+from vit_ct.review.table import case_images, source_map
 
 HEADLESS_ENV = "VIT_CT_HEADLESS"  # "1": static figures instead of widgets (set by `python -m vit_ct.review`)
 

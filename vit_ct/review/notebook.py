@@ -12,8 +12,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from vit_ct.review.cases import project_path
 from vit_ct.review.figures import HEADLESS_ENV
+from vit_ct.review.loading import project_path
 
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "attention_review.ipynb"
 

@@ -8,8 +8,11 @@ import os
 import shutil
 from pathlib import Path
 
+import yaml
 from lightning.pytorch import Callback, Trainer
+from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.utilities import rank_zero_info
 
 from vit_ct.files import atomic_write
 
@@ -72,3 +75,25 @@ class BadFilesReport(Callback):
         report = getattr(trainer.datamodule, "report_bad_rows", None)
         if report is not None and trainer.is_global_zero:
             report(run_dir(trainer))
+
+
+class LoggedConfigCallback(SaveConfigCallback):
+    """Writes the full CLI config into the run folder and sends it to the logger (W&B), on rank 0 only. If the run
+    fails before it wrote a checkpoint, the folder it made (holding only that config) is removed again."""
+
+    created: Path | None = None  # the run folder, when this callback made it
+
+    def save_config(self, trainer: Trainer, pl_module, stage: str) -> None:
+        if stage == "predict" and trainer.logger is None:  # no run folder: the outputs are in --output_dir
+            return
+        folder = run_dir(trainer)
+        self.created = None if folder.exists() else folder
+        folder.mkdir(parents=True, exist_ok=True)
+        self.parser.save(self.config, folder / self.config_filename, skip_none=False, overwrite=True)
+        if trainer.logger is not None:
+            config = yaml.safe_load(self.parser.dump(self.config, skip_none=False))
+            trainer.logger.log_hyperparams(config)
+
+    def on_exception(self, trainer: Trainer, pl_module, exception: BaseException) -> None:
+        if trainer.is_global_zero and self.created is not None and remove_run_without_checkpoint(self.created):
+            rank_zero_info(f"the failed run wrote no checkpoint: its folder {self.created} was removed")

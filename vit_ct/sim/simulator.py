@@ -18,8 +18,9 @@ import torch
 from rich.progress import track
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
-from vit_ct.data.datamodule import CTBatch, CTSliceDataModule, Window, slice_item
-from vit_ct.data.distributed import MarkedPaddingSampler, decode_index
+from vit_ct.data.distributed import decode_index
+from vit_ct.data.slice_dataset import CTBatch, slice_item
+from vit_ct.data.slice_module import DEFAULT_IMG_SIZE, DEFAULT_WINDOWS, SliceDataModule, Window
 from vit_ct.data.windows import parse_windows
 from vit_ct.sim.phantom import PhantomConfig, sample_head, simulate_slices
 from vit_ct.sim.projector import METHODS
@@ -80,8 +81,8 @@ class SimulatedSliceStream(IterableDataset):
         self,
         *,
         config: PhantomConfig,
-        windows: Window | list[Window] = "brain",
-        img_size: int = 128,
+        windows: Window | list[Window] = DEFAULT_WINDOWS,
+        img_size: int = DEFAULT_IMG_SIZE,
         epoch_size: int = 4096,
         batch_size: int = 32,
         seed: int = 0,
@@ -237,11 +238,12 @@ class SimulatedSliceSet(Dataset):
         return dict(self.items[index], valid=torch.tensor(valid))
 
 
-class SimulatorDataModule(CTSliceDataModule):
+class SimulatorDataModule(SliceDataModule):
     """Training slices simulated on the fly (new ones every epoch); validation and test sets simulated once, in
     memory, from seed families training never draws (``seed`` + 10^6 and + 2 x 10^6).
 
-    A ``CTSliceDataModule`` (what ``vit-ct`` takes as data) whose manifest is the simulator: nothing to read or check.
+    A :class:`~vit_ct.data.slice_module.SliceDataModule` (what ``vit-ct`` takes as data) whose slices are simulated:
+    nothing to read or check.
 
     Args:
         windows: HU windows stacked as channels: preset names (``brain``, ``subdural``, ``bone``, ``stroke``) or
@@ -270,8 +272,8 @@ class SimulatorDataModule(CTSliceDataModule):
     def __init__(
         self,
         *,
-        windows: Window | list[Window] = "brain",
-        img_size: int = 128,
+        windows: Window | list[Window] = DEFAULT_WINDOWS,
+        img_size: int = DEFAULT_IMG_SIZE,
         slice_size: int = 256,
         field_of_view_mm: float = 230.0,
         epoch_size: int = 4096,
@@ -291,14 +293,9 @@ class SimulatorDataModule(CTSliceDataModule):
         slices_per_head: int = 1,
         scan_method: str = "sampled",
     ) -> None:
-        super().__init__(
-            windows=windows,
-            img_size=img_size,
-            batch_size=batch_size,
-            num_workers=num_workers,
-            augment=False,
-            cache=False,
-        )
+        simulated = {"modalities": ("CT",), "stored_values_are_hu": False}  # written as CT in HU
+        super().__init__(windows=windows, img_size=img_size, batch_size=batch_size, num_workers=num_workers,
+                         augment=False, read_options=simulated)  # fmt: skip
         if epoch_size < 1 or val_size < 1 or num_workers < 0:
             raise ValueError(
                 f"need epoch_size >= 1, val_size >= 1 and num_workers >= 0; got {epoch_size}, {val_size}, {num_workers}"
@@ -382,17 +379,11 @@ class SimulatorDataModule(CTSliceDataModule):
             persistent_workers=self.num_workers > 0,
         )
 
-    def _split_loader(self, split: str) -> DataLoader:
-        dataset, ranks = self._evaluation_set(split), self._ranks()
-        # In memory already: no workers. Under DDP, shards padded with marked repeats (never counted twice).
-        sampler = MarkedPaddingSampler(dataset, **ranks) if ranks.get("num_replicas", 1) > 1 else None
-        return DataLoader(dataset, batch_size=self.batch_size, sampler=sampler)
-
     def val_dataloader(self) -> DataLoader:
-        return self._split_loader("val")
+        return self._evaluation_loader(self._evaluation_set("val"))  # in memory already: no workers
 
     def test_dataloader(self) -> DataLoader:
-        return self._split_loader("test")
+        return self._evaluation_loader(self._evaluation_set("test"))
 
     def predict_dataloader(self) -> DataLoader:
         raise ValueError(NO_PREDICT)

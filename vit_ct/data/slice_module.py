@@ -1,0 +1,109 @@
+"""What every vit-ct data module shares, whatever its slices come from (a manifest, whole scans, the simulator): the
+windows and input size that make its input contract, loaders that know DDP and CUDA, and batches windowed and
+augmented where they land (on the GPU when there is one)."""
+
+from __future__ import annotations
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from vit_ct.data.augment import BatchAugmentation
+from vit_ct.data.contract import InputContract
+from vit_ct.data.distributed import MarkedPaddingSampler, global_seed
+from vit_ct.data.model_input import apply_windows
+from vit_ct.data.slice_dataset import CTBatch
+from vit_ct.data.windows import parse_windows
+
+Window = str | tuple[float, float]
+# The default (demo) model's input: 12 x 12 patches of 1.2 mm pixels, brain and subdural windows (blood beside bone
+# is clearer in the subdural window). ViTClassifier's defaults match them.
+DEFAULT_WINDOWS: tuple[Window, ...] = ("brain", "subdural")
+DEFAULT_IMG_SIZE = 192
+
+
+class SliceDataModule(L.LightningDataModule):
+    """The base of vit-ct's data modules: slices as :class:`~vit_ct.data.slice_dataset.CTBatch` batches.
+
+    Subclasses add where the slices come from (``setup`` and the loaders) and may refuse bad input before a run in
+    :meth:`check`.
+
+    Args:
+        windows: HU windows stacked as channels: preset names or ``[centre, width]`` pairs.
+        img_size: Side of the square model input.
+        batch_size: Slices per batch (per device under DDP).
+        num_workers: DataLoader worker processes.
+        augment: Augment training batches where they land (:class:`~vit_ct.data.augment.BatchAugmentation`).
+        read_options: Options of :func:`~vit_ct.data.reader.load_ct_slice` (``modalities``,
+            ``stored_values_are_hu``), recorded in the input contract.
+    """
+
+    def __init__(
+        self, *, windows, img_size: int, batch_size: int, num_workers: int, augment: bool, read_options: dict
+    ) -> None:
+        super().__init__()
+        try:
+            self.windows = parse_windows(windows)
+        except ValueError as err:
+            raise ValueError(f"data.windows: {err}") from None
+        if img_size <= 0:
+            raise ValueError(f"data.img_size must be a positive number of pixels, got {img_size}")
+        if batch_size <= 0:
+            raise ValueError(f"data.batch_size must be a positive number of slices, got {batch_size}")
+        if num_workers < 0:
+            raise ValueError(f"data.num_workers must be 0 (load in the main process) or more, got {num_workers}")
+        self.img_size = img_size
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.augment = augment
+        self.augmentation = BatchAugmentation()
+        self.read_options = dict(read_options)
+
+    @property
+    def num_channels(self) -> int:
+        """Input channels of the model: one per window."""
+        return len(self.windows)
+
+    def input_contract(self, patch_size: int) -> InputContract:
+        """How this module prepares slices for a model with ``patch_size`` (recorded in its checkpoints)."""
+        return InputContract.of(
+            img_size=self.img_size, patch_size=patch_size, windows=self.windows, read_options=self.read_options
+        )
+
+    def check(self, stage: str, *, num_classes: int | None = None) -> None:
+        """Refuse bad input for ``stage`` before a run starts (the CLI calls it before the trainer does anything);
+        nothing to check here."""
+
+    def _pin_memory(self) -> bool:
+        """Page-locked batches when they go to a CUDA device: the copy then overlaps the step before."""
+        trainer = self.trainer
+        return trainer is not None and trainer.strategy.root_device.type == "cuda"
+
+    def _ranks(self) -> dict[str, int]:
+        """``num_replicas`` and ``rank`` of this process under a multi-process strategy, else empty."""
+        trainer = self.trainer
+        kwargs = trainer.distributed_sampler_kwargs if trainer is not None else None
+        return {"num_replicas": kwargs["num_replicas"], "rank": kwargs["rank"]} if kwargs else {}
+
+    def _evaluation_loader(self, dataset: Dataset, **loader) -> DataLoader:
+        """A loader over every slice of ``dataset`` once; under DDP each rank's shard is padded with marked repeats,
+        so that no slice counts twice (:mod:`vit_ct.data.distributed`)."""
+        ranks = self._ranks()
+        sampler = MarkedPaddingSampler(dataset, **ranks) if ranks.get("num_replicas", 1) > 1 else None
+        return DataLoader(dataset, batch_size=self.batch_size, sampler=sampler, drop_last=False, **loader)
+
+    def on_after_batch_transfer(self, batch: CTBatch, dataloader_idx: int) -> CTBatch:
+        """Window batches that arrive in HU (the disk cache's), then augment training batches where they are now
+        (GPU or CPU), with a generator seeded by (seed, rank, batch number), so that a resumed run draws what the
+        interrupted one would have drawn."""
+        if "hu" in batch:
+            batch = apply_windows(batch, self.windows)
+        trainer = self.trainer
+        if not (self.augment and trainer is not None and trainer.training):
+            return batch
+        image = batch["image"]
+        number = trainer.fit_loop.epoch_loop.batch_progress.total.ready  # batches drawn before this one, checkpointed
+        state = np.random.SeedSequence([global_seed(), trainer.global_rank, number]).generate_state(2)
+        generator = torch.Generator(device=image.device).manual_seed(int(state[0]) << 32 | int(state[1]))
+        return self.augmentation(batch, generator)
