@@ -12,7 +12,7 @@ from vit_ct.explain.maps import explain_forward, explain_gradient_rollout
 from vit_ct.explain.rollout import attention_rollout, class_token_rollout
 from vit_ct.explain.sink import SinkMetrics, air_patches, class_token_shares, mass_share, patch_level_floor
 from vit_ct.model import ViTClassifier
-from vit_ct.model.losses import attention_loss
+from vit_ct.model.losses import attention_loss, lesion_share
 from vit_ct.model.network import attention_keys
 from vit_ct.run.summary import report
 
@@ -248,8 +248,8 @@ def test_sink_metrics_average_by_hand():
 
 
 def _attention_loss(attentions, batch, target):
-    return attention_loss(attentions, batch["mask"], batch["has_mask"], patch_size=16, num_prefix_tokens=1,
-                          grid_size=(2, 2), target=target)  # fmt: skip
+    share, scored = lesion_share(batch["mask"], 16), batch["has_mask"] & batch["mask"].flatten(1).any(dim=1)
+    return attention_loss(attentions, share, scored, num_prefix_tokens=1, grid_size=(2, 2), target=target)
 
 
 def test_attention_loss_is_the_cross_entropy_of_the_class_token_row_by_hand():

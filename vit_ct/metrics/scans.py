@@ -35,10 +35,8 @@ def lesion_scores(probs: torch.Tensor, task: Task, class_names: Sequence[str] | 
 
 def lesion_probability(predictions: pd.DataFrame, task: Task, class_names: Sequence[str]) -> pd.Series:
     """:func:`lesion_scores` of the rows of a ``predictions.csv`` (``prob``, or a ``prob_<name>`` column per output)."""
-    if task == "binary":
-        probs = torch.as_tensor(predictions["prob"].to_numpy(dtype=np.float64))
-    else:
-        probs = torch.as_tensor(predictions[[f"prob_{name}" for name in class_names]].to_numpy(dtype=np.float64))
+    columns = "prob" if task == "binary" else [f"prob_{name}" for name in class_names]
+    probs = torch.from_numpy(np.array(predictions[columns], dtype=np.float64))  # a copy: pandas' arrays are read-only
     return pd.Series(lesion_scores(probs, task, class_names).numpy(), index=predictions.index)
 
 

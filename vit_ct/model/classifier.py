@@ -8,6 +8,7 @@ groups and schedule :mod:`vit_ct.model.optim`.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Literal
 
 import lightning as L
@@ -24,7 +25,7 @@ from vit_ct.explain.sink import sink_per_slice
 from vit_ct.metrics.classification import classification_metrics
 from vit_ct.metrics.maps import MapMetrics
 from vit_ct.model.hparams import check_hparams, predated_hparams
-from vit_ct.model.losses import Losses, attention_loss, classification_loss, patch_loss
+from vit_ct.model.losses import Losses, PatchLosses, classification_loss
 from vit_ct.model.network import AirSkippingViT
 from vit_ct.model.optim import param_groups, warmup_cosine_schedule
 from vit_ct.model.stem import ConvStemPatchEmbed
@@ -66,6 +67,13 @@ class ViTClassifier(L.LightningModule):
             that the token that decides reads the lesion. 0 switches it off; slices without masks are unaffected.
         attention_target: What the attention loss reads: ``rollout`` (the attention rollout over the patches, the
             map vit-ct shows) or ``class_token`` (the class token's attention row in each block).
+        mil_loss_weight: Weight of the multiple-instance loss: the patch head's logits, pooled by log-sum-exp over the
+            patches that hold something, against the slice's label, so that the patch evidence learns from slice
+            labels alone (data without masks); 0 switches it off.
+        mil_sharpness: ``r`` of that pooling, ``log(mean(exp(r z))) / r``: from the patches' mean (near 0) to their
+            maximum (large).
+        evidence_attention: On positive slices without a lesion mask, train the rollout toward the patch head's own
+            evidence (the softmax of its logits, detached), as the masks train it where they exist.
         class_weights: Per-class loss weights (e.g. ``[1.0, 3.0]`` against class imbalance); per-label positive
             weights when ``multilabel``.
         label_smoothing: Label smoothing of the cross-entropy.
@@ -113,6 +121,9 @@ class ViTClassifier(L.LightningModule):
         patch_loss_weight: float = 1.0,
         attention_loss_weight: float = 1.0,
         attention_target: Literal["rollout", "class_token"] = "rollout",
+        mil_loss_weight: float = 0.0,
+        mil_sharpness: float = 5.0,
+        evidence_attention: bool = False,
         class_weights: list[float] | None = None,
         label_smoothing: float = 0.0,
         label_weights: list[float] | None = None,
@@ -182,18 +193,22 @@ class ViTClassifier(L.LightningModule):
             **({"embed_layer": ConvStemPatchEmbed} if h.stem == "conv" else {}),
             **{k: v for k, v in overrides.items() if v is not None},
         )
-        self.patch_head = nn.Linear(self.vit.embed_dim, 1) if h.patch_loss_weight > 0 else None
+        needs_head = h.patch_loss_weight > 0 or h.mil_loss_weight > 0 or h.evidence_attention
+        self.patch_head = nn.Linear(self.vit.embed_dim, 1) if needs_head else None
         if h.grad_checkpointing:
             self.vit.set_grad_checkpointing(True)
 
     def configure_losses(self) -> None:
-        """The weights of the losses, resolved once (a checkpoint from before a loss existed migrates them in
-        :meth:`on_load_checkpoint`), and the per-class (multi-label: per-label positive) weights, as a buffer that
-        follows the model's device."""
+        """The losses beside the classification loss, as one object with their weights resolved once (a checkpoint
+        from before a loss existed migrates them in :meth:`on_load_checkpoint`), and the per-class (multi-label:
+        per-label positive) weights, as a buffer that follows the model's device."""
         h = self.hparams
-        self.patch_loss_weight = float(h.patch_loss_weight)
-        self.attention_loss_weight = float(h.attention_loss_weight)
-        self.attention_target = h.attention_target
+        self.patch_losses = PatchLosses(
+            patch_size=h.patch_size, num_prefix_tokens=self.num_prefix, grid_size=self.vit.patch_embed.grid_size,
+            patch_weight=h.patch_loss_weight, mil_weight=h.mil_loss_weight, mil_sharpness=h.mil_sharpness,
+            attention_weight=h.attention_loss_weight, attention_target=h.attention_target,
+            evidence_attention=h.evidence_attention,
+        )  # fmt: skip
         self.label_smoothing = float(h.label_smoothing)
         weights = h.class_weights
         self.register_buffer("class_weights", torch.tensor(weights, dtype=torch.float32) if weights else None)
@@ -247,7 +262,7 @@ class ViTClassifier(L.LightningModule):
         self.input_contract = InputContract.from_checkpoint(checkpoint)
         self.hparams.update(predated_hparams(checkpoint.get("hyper_parameters", {})))
         self.vit.mask_air = bool(self.hparams.mask_air)
-        self.attention_loss_weight = float(self.hparams.attention_loss_weight)
+        self.patch_losses = replace(self.patch_losses, attention_weight=float(self.hparams.attention_loss_weight))
 
     @property
     def class_names(self) -> list[str]:
@@ -272,10 +287,10 @@ class ViTClassifier(L.LightningModule):
         return probs[:, 1] if self.task == "binary" else probs
 
     def losses(self, batch: dict) -> Losses:
-        """The batch's loss: classification, plus the patch loss and the attention loss where the batch holds what
-        they score (lesion masks), each weighted; in float32, also under AMP."""
+        """The batch's loss: classification, plus the patch, multiple-instance and attention losses where the batch
+        holds what they score (lesion masks, labels), each weighted; in float32, also under AMP."""
         image, label = batch["image"], batch["label"]
-        if self.attention_loss_weight > 0:
+        if self.patch_losses.attention_weight > 0:
             with record_attention(self, head_fusion="mean", keep_graph=True) as attentions:
                 tokens = self.vit.forward_features(image, checkpoint_blocks=False)  # (B, T, D)
         else:
@@ -285,19 +300,8 @@ class ViTClassifier(L.LightningModule):
             logits, label, self.task, class_weights=self.class_weights, label_smoothing=self.label_smoothing
         )
         parts = {"cls_loss": loss.detach()}
-        weighted = []
-        if self.patch_head is not None:
-            patch_logits = self.patch_head(tokens[:, self.num_prefix :]).squeeze(-1)  # (B, N)
-            part = patch_loss(patch_logits, batch["mask"], batch["has_mask"], label, self.hparams.patch_size)
-            weighted.append(("patch_loss", self.patch_loss_weight, part))
-        if attentions:
-            part = attention_loss(
-                attentions, batch["mask"], batch["has_mask"], patch_size=self.hparams.patch_size,
-                num_prefix_tokens=self.num_prefix, grid_size=self.vit.patch_embed.grid_size,
-                target=self.attention_target,
-            )  # fmt: skip
-            weighted.append(("attention_loss", self.attention_loss_weight, part))
-        for name, weight, part in weighted:
+        patch_logits = None if self.patch_head is None else self.patch_head(tokens[:, self.num_prefix :]).squeeze(-1)
+        for name, weight, part in self.patch_losses(batch, patch_logits, attentions):
             if part is not None:
                 parts[name] = part.detach()
                 loss = loss + weight * part
