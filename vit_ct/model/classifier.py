@@ -24,12 +24,13 @@ from vit_ct.explain.maps import Explained, explain_forward
 from vit_ct.explain.sink import sink_per_slice
 from vit_ct.metrics.classification import classification_metrics
 from vit_ct.metrics.maps import MapMetrics
+from vit_ct.model import shipped
 from vit_ct.model.hparams import check_hparams, predated_hparams
 from vit_ct.model.losses import Losses, PatchLosses, classification_loss
 from vit_ct.model.network import AirSkippingViT
 from vit_ct.model.optim import param_groups, warmup_cosine_schedule
 from vit_ct.model.stem import ConvStemPatchEmbed
-from vit_ct.model.weights import check_pretrained_tag, load_state, load_weights, pretrained_state_dict
+from vit_ct.model.weights import load_state, load_weights, pretrained_architecture, pretrained_state_dict
 
 STAGES = ("val", "test")
 
@@ -155,9 +156,7 @@ class ViTClassifier(L.LightningModule):
         self.hparams.update({k: v for k, v in arguments.items() if k not in self.hparams and k not in ignore})
         self.hparams.num_classes = num_classes  # resolved
         if pretrained:  # the tag's architecture, recorded so that a checkpoint rebuilds it without the hub
-            check_pretrained_tag(pretrained)
-            self.hparams.pop("pretrained", None)
-            self.hparams.update(arch=pretrained.split(".")[0], embed_dim=None, depth=None, num_heads=None)
+            self.hparams.update(pretrained_architecture(pretrained))
         self.task: Literal["binary", "multiclass", "multilabel"] = (
             "multilabel" if multilabel else ("binary" if num_classes == 2 else "multiclass")
         )
@@ -173,6 +172,10 @@ class ViTClassifier(L.LightningModule):
             load_weights(self, weights, vit=self.vit)
         if pretrained:
             load_state(self, pretrained_state_dict(pretrained), vit=self.vit, source=f"--model.pretrained {pretrained}")
+            if shipped.is_shipped(pretrained):  # until it is trained on other data, it sees as the weights did
+                contract = shipped.input_contract(pretrained)
+                if (contract.img_size, contract.in_chans) == (img_size, in_chans):
+                    self.input_contract = contract
 
     def configure_models(self) -> None:
         """The network (timm's ViT, conv stem or timm's patch embedding, air patches skipping the blocks) and the

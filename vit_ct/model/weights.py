@@ -12,6 +12,8 @@ import torch
 from timm.layers import resample_abs_pos_embed
 from timm.models import VisionTransformer, adapt_input_conv
 
+from vit_ct.model import shipped
+
 # Keys of the classifier heads: re-initialised when their shape differs from the target's.
 _HEAD_PREFIXES = ("head.", "patch_head.")
 
@@ -86,7 +88,11 @@ def load_weights(model: torch.nn.Module, path: str | Path, *, vit: VisionTransfo
 
 
 def check_pretrained_tag(tag: str) -> None:
-    """Raises a ValueError unless ``tag`` names pretrained weights timm knows, of a Vision Transformer."""
+    """Raises a ValueError unless ``tag`` names weights shipped with vit-ct (``vit-ct/<name>``) or pretrained weights
+    timm knows, of a Vision Transformer."""
+    if shipped.is_shipped(tag):
+        shipped.card(tag)  # names the shipped weights there are when there is no such one
+        return
     if not timm.list_pretrained(tag) or not tag.startswith(("vit_", "deit")):
         raise ValueError(
             f"--model.pretrained {tag}: not a timm pretrained tag of a ViT; list them with "
@@ -94,15 +100,27 @@ def check_pretrained_tag(tag: str) -> None:
         )
 
 
+def pretrained_architecture(tag: str) -> dict:
+    """The hyper-parameters of the network a pretrained tag fills: a shipped model's card's, or a timm tag's
+    architecture (its own width, depth and heads)."""
+    check_pretrained_tag(tag)
+    if shipped.is_shipped(tag):
+        names = ("arch", "patch_size", "stem", "embed_dim", "depth", "num_heads", "reg_tokens", "mask_air")
+        return {name: value for name, value in shipped.architecture(tag).items() if name in names}
+    return {"arch": tag.split(".")[0], "embed_dim": None, "depth": None, "num_heads": None}
+
+
 def pretrained_state_dict(tag: str) -> dict[str, torch.Tensor]:
-    """The weights of a timm pretrained tag (``vit_small_patch16_224.augreg_in21k_ft_in1k``), through timm's own
-    loading: the Hugging Face hub and its local cache (offline with ``HF_HUB_OFFLINE=1`` once cached), and timm's
-    conversion of the original checkpoints.
+    """The weights of a pretrained tag: weights shipped with vit-ct (``vit-ct/headct-tiny-256``), read offline from
+    the package, or a timm tag (``vit_small_patch16_224.augreg_in21k_ft_in1k``) through timm's own loading, the
+    Hugging Face hub and its local cache (offline with ``HF_HUB_OFFLINE=1`` once cached).
 
     Raises:
         ValueError: an unknown tag, or weights neither cached nor downloadable.
     """
     check_pretrained_tag(tag)
+    if shipped.is_shipped(tag):
+        return read_state_dict(shipped.weights_file(tag))
     try:
         return timm.create_model(tag, pretrained=True).state_dict()
     except Exception as err:  # huggingface_hub and timm raise many types for a missing or unreachable file

@@ -12,8 +12,9 @@ from typing import Any
 
 from jsonargparse import Namespace
 
-from vit_ct.data.contract import InputContract, describe_window
+from vit_ct.data.contract import CHECKPOINT_KEY, InputContract, describe_window
 from vit_ct.data.windows import parse_windows
+from vit_ct.model import shipped
 from vit_ct.run.checkpoint import read_checkpoint
 
 # Hyper-parameters that shape the network: `fit --model.weights` builds it as the weights' checkpoint did.
@@ -24,12 +25,17 @@ SPECIAL_CKPT_PATHS = ("best", "last", "hpc", "registry")
 
 def checkpoint_to_follow(config: Namespace, subcommand: str) -> tuple[Path, dict, str] | None:
     """``(path, checkpoint, kind)`` of the vit-ct checkpoint the command's data must follow, ``kind`` being
-    ``ckpt_path`` or ``weights``; None when the command names none (a timm state dict in ``--model.weights`` has
-    no input contract: it is adapted to the data instead)."""
+    ``ckpt_path`` or ``weights`` (``--model.weights``, or weights shipped with vit-ct in ``--model.pretrained``, whose
+    card stands for the checkpoint); None when the command names none (a timm state dict or a timm tag has no input
+    contract: it is adapted to the data instead)."""
     ckpt_path = config.get("ckpt_path")
     if ckpt_path and str(ckpt_path).split(":")[0] not in SPECIAL_CKPT_PATHS and "://" not in str(ckpt_path):
         return Path(ckpt_path), read_checkpoint(ckpt_path), "ckpt_path"
-    weights = (config.get("model") or Namespace()).get("weights")
+    model = config.get("model") or Namespace()
+    weights, pretrained = model.get("weights"), model.get("pretrained")
+    if subcommand == "fit" and shipped.is_shipped(pretrained):  # its card says what a checkpoint would
+        card = shipped.card(pretrained)
+        return Path(pretrained), {CHECKPOINT_KEY: card["input"], "hyper_parameters": card["architecture"]}, "weights"
     if subcommand == "fit" and weights:
         try:
             checkpoint = read_checkpoint(weights)

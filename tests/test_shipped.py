@@ -1,0 +1,69 @@
+"""Weights that ship with vit-ct load offline by name (``--model.pretrained vit-ct/<name>``), build the network their
+card names and make the data follow the input their card records, as a checkpoint does."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from npy_manifest import manifest_args, write_npy_manifest
+from safetensors.torch import load_file
+
+from vit_ct import ViTClassifier
+from vit_ct.cli import main
+from vit_ct.model import shipped
+
+NO_LOGGER = ["--trainer.logger", "false"]
+
+
+@pytest.fixture
+def exported(tmp_path, monkeypatch):
+    """A tiny model fitted one epoch, exported as shipped weights into a folder the package reads from."""
+    monkeypatch.chdir(tmp_path)
+    manifest = write_npy_manifest(tmp_path / "data", train=4, val=2)
+    main(["fit", *manifest_args(manifest), *NO_LOGGER, "--trainer.max_epochs", "1", "--trainer.default_root_dir",
+          str(tmp_path / "run")])  # fmt: skip
+    folder = tmp_path / "pretrained"
+    folder.mkdir()
+    monkeypatch.setattr(shipped, "FOLDER", folder)
+    ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    shipped.export(ckpt, "tiny", {"version": "0.1", "licence": "Apache-2.0"}, folder)
+    return manifest, ckpt
+
+
+def test_export_writes_half_precision_weights_and_a_card_with_the_input_and_the_network(exported):
+    _, ckpt = exported
+    card = shipped.card("vit-ct/tiny")
+    assert card["name"] == "vit-ct/tiny" and card["version"] == "0.1"
+    assert card["input"]["img_size"] == 32 and card["input"]["windows"] == [[40.0, 80.0]]
+    assert card["architecture"]["embed_dim"] == 32 and card["architecture"]["depth"] == 2
+    state = load_file(str(shipped.weights_file("vit-ct/tiny")))
+    trained = torch.load(ckpt, weights_only=True)["state_dict"]
+    assert {v.dtype for v in state.values()} == {torch.float16}
+    torch.testing.assert_close(state["blocks.1.attn.qkv.weight"].float(), trained["vit.blocks.1.attn.qkv.weight"],
+                               atol=1e-3, rtol=1e-3)  # fmt: skip
+    assert shipped.shipped_names() == ["vit-ct/tiny"]
+
+
+def test_shipped_weights_load_by_name_into_the_network_their_card_names(exported):
+    model = ViTClassifier(img_size=32, in_chans=1, pretrained="vit-ct/tiny").eval()  # the default arch is 6 x 192
+    assert (len(model.vit.blocks), model.vit.embed_dim) == (2, 32)
+    assert model.input_contract == shipped.input_contract("vit-ct/tiny")
+    assert "pretrained" not in model.hparams  # a fine-tuned checkpoint loads without the shipped file
+    state = load_file(str(shipped.weights_file("vit-ct/tiny")))
+    torch.testing.assert_close(model.vit.blocks[0].mlp.fc1.weight, state["blocks.0.mlp.fc1.weight"].float())
+    with pytest.raises(
+        ValueError, match=r"vit-ct/nothing: no such weights ship with vit-ct; there are \['vit-ct/tiny'\]"
+    ):
+        ViTClassifier(pretrained="vit-ct/nothing")
+
+
+def test_fit_from_shipped_weights_builds_their_network_and_follows_their_input(exported, caplog):
+    manifest, _ = exported
+    with caplog.at_level(logging.INFO):
+        cli = main(["fit", *manifest_args(manifest), *NO_LOGGER, "--trainer.max_epochs", "0", "--model.depth", "6",
+                    "--model.pretrained", "vit-ct/tiny"])  # fmt: skip
+    assert cli.datamodule.img_size == 32 and cli.datamodule.windows == [(40.0, 80.0)]
+    assert len(cli.model.vit.blocks) == 2
+    assert any("model.depth: 2 (the network of the weights vit-ct/tiny" in r.getMessage() for r in caplog.records)

@@ -1,0 +1,120 @@
+"""Pretrained head-CT weights that ship with vit-ct and load offline by name, like a timm tag
+(``--model.pretrained vit-ct/headct-tiny-256``): half-precision safetensors beside a model card, a JSON in the spirit
+of timm's ``pretrained_cfg`` and MONAI bundles' ``metadata.json`` (the input it expects, its architecture, version,
+licence, data, recipe, figures, and what it is not).
+
+``python -m vit_ct.model.shipped list`` names them; ``python -m vit_ct.model.shipped export CKPT --name NAME --card
+CARD.json`` turns a vit-ct checkpoint into one (the card's own fields from CARD.json, the input contract and the
+architecture from the checkpoint).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vit_ct.data.contract import InputContract
+from vit_ct.files import atomic_write
+
+PREFIX = "vit-ct/"
+FOLDER = Path(__file__).with_name("pretrained")
+# The hyper-parameters that make the network, recorded in the card so that the weights load into the right one.
+ARCHITECTURE = ("arch", "img_size", "patch_size", "in_chans", "stem", "embed_dim", "depth", "num_heads", "reg_tokens",
+                "mask_air", "num_classes")  # fmt: skip
+
+
+def is_shipped(tag: str | None) -> bool:
+    """Whether ``tag`` names weights shipped with vit-ct (``vit-ct/<name>``) rather than a timm tag."""
+    return bool(tag) and tag.startswith(PREFIX)
+
+
+def shipped_names() -> list[str]:
+    """The shipped weights, by the name ``--model.pretrained`` takes."""
+    return sorted(PREFIX + card.stem for card in FOLDER.glob("*.json") if card.with_suffix(".safetensors").is_file())
+
+
+def card(tag: str) -> dict[str, Any]:
+    """The model card of shipped weights.
+
+    Raises:
+        ValueError: no such shipped weights (naming the ones there are).
+    """
+    path = FOLDER / f"{tag.removeprefix(PREFIX)}.json"
+    if not is_shipped(tag) or not path.is_file() or not path.with_suffix(".safetensors").is_file():
+        raise ValueError(f"--model.pretrained {tag}: no such weights ship with vit-ct; there are {shipped_names()}")
+    return json.loads(path.read_text())
+
+
+def weights_file(tag: str) -> Path:
+    """The safetensors file of shipped weights (network keys, the patch head's as ``patch_head.*``)."""
+    card(tag)
+    return FOLDER / f"{tag.removeprefix(PREFIX)}.safetensors"
+
+
+def input_contract(tag: str) -> InputContract:
+    """How the shipped weights see their input (the card's ``input``)."""
+    return InputContract.from_dict(card(tag)["input"])
+
+
+def architecture(tag: str) -> dict[str, Any]:
+    """The hyper-parameters of the network the shipped weights fill (the card's ``architecture``)."""
+    return dict(card(tag)["architecture"])
+
+
+def export(checkpoint_path: str | Path, name: str, fields: dict[str, Any], folder: Path = FOLDER) -> Path:
+    """Write ``folder/<name>.safetensors`` (float16) and ``<name>.json`` from a vit-ct checkpoint; returns the card.
+
+    Args:
+        checkpoint_path: a checkpoint written by ``vit-ct fit``.
+        name: the name after ``vit-ct/``.
+        fields: the card's own fields (``version``, ``licence``, ``data``, ``recipe``, ``figures``, ``not_for``...).
+    """
+    from safetensors.torch import save_file
+
+    checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=True)  # runs no code
+    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint or "hyper_parameters" not in checkpoint:
+        raise ValueError(f"{checkpoint_path} is not a vit-ct checkpoint (no state_dict or hyper_parameters)")
+    hparams = checkpoint["hyper_parameters"]
+    state = {
+        key.removeprefix("vit."): value.half().contiguous()
+        for key, value in checkpoint["state_dict"].items()
+        if key.startswith(("vit.", "patch_head.")) and value.is_floating_point()
+    }
+    document = {
+        "name": PREFIX + name,
+        **fields,
+        "input": InputContract.from_checkpoint(checkpoint).to_dict(),
+        "architecture": {key: hparams.get(key) for key in ARCHITECTURE},
+    }
+    with atomic_write(folder / f"{name}.safetensors") as tmp:
+        save_file(state, str(tmp), metadata={"format": "pt", "name": PREFIX + name})
+    with atomic_write(folder / f"{name}.json") as tmp:
+        tmp.write_text(json.dumps(document, indent=2) + "\n")
+    return folder / f"{name}.json"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m vit_ct.model.shipped", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("list", help="the shipped weights")
+    exporting = commands.add_parser("export", help="a checkpoint -> shipped weights and their card")
+    exporting.add_argument("checkpoint")
+    exporting.add_argument("--name", required=True, help="the name after vit-ct/")
+    exporting.add_argument("--card", help="JSON file of the card's own fields (version, licence, data, recipe, ...)")
+    exporting.add_argument("--folder", default=str(FOLDER), help="where to write (default: inside the package)")
+    args = parser.parse_args(argv)
+    if args.command == "list":
+        for tag in shipped_names():
+            print(tag, "-", card(tag).get("summary", ""))
+        return
+    fields = json.loads(Path(args.card).read_text()) if args.card else {}
+    print(export(args.checkpoint, args.name, fields, Path(args.folder)))
+
+
+if __name__ == "__main__":
+    main()
