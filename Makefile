@@ -41,7 +41,7 @@ FLOORS_DEV := pytest scikit-learn pydicom-data  # the dev extras the subset impo
 FLOORS_TESTS := tests/test_layout.py tests/test_compat.py tests/test_model.py tests/test_attention.py \
 	tests/test_rollout.py tests/test_sink.py tests/test_checkpoint.py tests/test_contract.py \
 	tests/test_last_checkpoint.py tests/test_cli.py tests/test_failures.py tests/test_callbacks.py tests/test_reader.py \
-	tests/test_localisation.py tests/test_datamodule.py tests/test_windows.py \
+	tests/test_localisation.py tests/test_segmentation.py tests/test_datamodule.py tests/test_windows.py \
 	--deselect tests/test_localisation.py::test_states_merge_like_ddp
 FLOORS_SLOW_TESTS := tests/test_cli.py::test_fit_then_predict_through_the_real_command \
 	tests/test_checkpoint.py::test_resume_after_sigkill_matches_an_uninterrupted_run \

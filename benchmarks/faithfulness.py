@@ -1,7 +1,8 @@
 """Are the explanations faithful to the model, and do they point at the lesion? Patch deletion and insertion curves
 (Petsiuk et al. 2018, RISE, arXiv:1806.07421) beside the localisation scores, for attention rollout (arXiv:2005.00928),
-gradient rollout (Chefer et al. 2021, arXiv:2103.15679), last-block attention, Grad-CAM (arXiv:1610.02391), a random map
-and the two localisation floors, all on the same model and slices.
+gradient rollout (Chefer et al. 2021, arXiv:2103.15679), last-block attention, Grad-CAM (arXiv:1610.02391, from
+pytorch-grad-cam), occlusion sensitivity (arXiv:1311.2901, from MONAI: it needs only the model's output), a random map
+and the two localisation floors, all on the same model and slices, with each method's cost.
 """
 
 from __future__ import annotations
@@ -22,20 +23,21 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from vit_ct.data.datamodule import CTSliceDataModule, CTSliceDataset
-from vit_ct.data.windows import parse_windows, window_hu
+from vit_ct.data.windows import parse_windows
 from vit_ct.explain.attention import patch_grid, record_attention
 from vit_ct.explain.localisation import LocalisationMetrics, localisation_maps, model_grid_spacing_mm
 from vit_ct.explain.maps import explain_gradient_rollout
+from vit_ct.explain.occlusion import BASELINE_HU, brain_baseline, occlusion_sensitivity
 from vit_ct.explain.rollout import last_block_attention
 from vit_ct.model import ViTClassifier
 from vit_ct.run.hardware import describe_machine
 
-# Deletion fills with normal brain: grey/white matter average ~30 HU, below fresh blood (50-90 HU), so a deleted patch
-# loses exactly the hyperdensity that marks a bleed and gains no new structure. Only head pixels are filled (air stays
-# air, the head keeps its outline); a blurred copy was rejected because blurring smears the bright skull inward, a
-# bright rim where extra-axial bleeds lie.
-BASELINE_HU = 30.0
-METHODS = ("rollout", "gradient rollout", "last-block attention", "Grad-CAM", "random", "floor: image", "floor: head")
+# Deletion fills with normal brain (vit_ct.explain.occlusion.brain_baseline): grey/white matter average ~30 HU, below
+# fresh blood (50-90 HU), so a deleted patch loses exactly the hyperdensity that marks a bleed and gains no new
+# structure. Only head pixels are filled (air stays air, the head keeps its outline); a blurred copy was rejected
+# because blurring smears the bright skull inward, a bright rim where extra-axial bleeds lie.
+METHODS = ("rollout", "gradient rollout", "last-block attention", "Grad-CAM", "occlusion", "random", "floor: image",
+           "floor: head")  # fmt: skip
 
 USAGE = """example:
   .venv/bin/python benchmarks/faithfulness.py --ckpt runs/latest/checkpoints/last.ckpt \\
@@ -49,12 +51,6 @@ Baseline: every head pixel (HU > -300) at 30 HU (normal brain), windowed like th
 Localisation: vit_ct.explain.localisation.LocalisationMetrics on the model grid, each map bilinearly upsampled like
 rollout.
 """
-
-
-def ct_baseline(image: torch.Tensor, head: torch.Tensor, windows: list[tuple[float, float]]) -> torch.Tensor:
-    """The slice with every head pixel at ``BASELINE_HU``: ``(B, C, S, S)`` from the image and ``(B, 1, S, S)`` head."""
-    fill = torch.tensor([float(window_hu(torch.tensor(BASELINE_HU), c, w)) for c, w in windows])  # (C,) in [0, 1]
-    return torch.where(head > 0.5, fill[None, :, None, None].to(image), image)
 
 
 def patch_order(maps: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -154,22 +150,42 @@ def grad_cam(model: ViTClassifier, images: torch.Tensor, grid: tuple[int, int]) 
 
 
 def explanation_maps(
-    model: ViTClassifier, batch: dict, grid: tuple[int, int], generator: torch.Generator
+    model: ViTClassifier,
+    batch: dict,
+    baseline: torch.Tensor,
+    grid: tuple[int, int],
+    generator: torch.Generator,
+    seconds: dict[str, float],
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """Every method's map on the patch grid ``(B, gh, gw)`` and on the model grid ``(B, S, S)``, by method."""
+    """Every method's map on the patch grid ``(B, gh, gw)`` and on the model grid ``(B, S, S)``, by method; the time
+    each method took is added to ``seconds``."""
     images = batch["image"]
     patch = images.shape[-1] // grid[1]
+
+    def timed(method: str, make) -> torch.Tensor:
+        start = time.perf_counter()
+        out = make()
+        seconds[method] = seconds.get(method, 0.0) + time.perf_counter() - start
+        return out
+
+    def last_block() -> torch.Tensor:
+        with torch.no_grad(), record_attention(model, head_fusion=model.hparams.rollout_head_fusion) as attentions:
+            model(images)  # the model's own forward: air masked as keys where the model masks it
+        return last_block_attention(attentions, num_prefix_tokens=model.vit.num_prefix_tokens, grid_size=grid).float()
+
+    def lesion_probability(x: torch.Tensor) -> torch.Tensor:
+        return model.probabilities(model(x))
+
     with torch.no_grad():
         floors = localisation_maps(model, batch)  # rollout (model.explain) and the floors, on the model grid
-        _, rollout = model.explain(images)
-        with record_attention(model, head_fusion=model.hparams.rollout_head_fusion) as attentions:
-            model(images)  # the model's own forward: air masked as keys where the model masks it
-        last = last_block_attention(attentions, num_prefix_tokens=model.vit.num_prefix_tokens, grid_size=grid)
     on_grid = {
-        "rollout": rollout,
-        "gradient rollout": explain_gradient_rollout(model, images, target=1),
-        "last-block attention": last.float(),
-        "Grad-CAM": grad_cam(model, images, grid),
+        "rollout": timed("rollout", lambda: model.explain(images)[1]),
+        "gradient rollout": timed("gradient rollout", lambda: explain_gradient_rollout(model, images, target=1)),
+        "last-block attention": timed("last-block attention", last_block),
+        "Grad-CAM": timed("Grad-CAM", lambda: grad_cam(model, images, grid)),
+        "occlusion": timed(
+            "occlusion", lambda: occlusion_sensitivity(lesion_probability, images, baseline, patch_size=patch)
+        ),
         "random": torch.rand(len(images), *grid, generator=generator),
         "floor: image": F.avg_pool2d(floors["floor_image"][:, None], patch)[:, 0],  # mean brain window
         "floor: head": F.avg_pool2d(floors["floor_head"][:, None], patch)[:, 0],  # head fraction of the patch
@@ -213,6 +229,16 @@ def read_windows(ckpt: Path, windows: list[str] | None, in_chans: int) -> list[t
     return pairs
 
 
+# Passes through the network per slice (forward + backward counted as 2), given the number of patches.
+FORWARDS = {
+    "rollout": lambda n: 1,
+    "gradient rollout": lambda n: 2,
+    "last-block attention": lambda n: 1,
+    "Grad-CAM": lambda n: 2,
+    "occlusion": lambda n: n + 1,  # one per occluded patch, and the intact slice
+}
+
+
 def score_methods(
     model: ViTClassifier,
     manifest: Path,
@@ -234,7 +260,7 @@ def score_methods(
         str(manifest), windows=windows, img_size=model.hparams.img_size, num_workers=0, augment=False
     )
     slices = lesion_slices(data, split)
-    baseline_all = ct_baseline(slices["image"], slices["head"], windows)
+    baseline_all = brain_baseline(slices["image"], slices["head"], windows)
     with torch.inference_mode():
         p_intact = model.probabilities(model(slices["image"]))
         p_baseline = model.probabilities(model(baseline_all))
@@ -249,10 +275,11 @@ def score_methods(
     tolerance = model.hparams.localisation_tolerance_mm
     metrics = {m: LocalisationMetrics(tolerance_mm=tolerance, pixel_spacing_mm=spacing) for m in METHODS}
     areas = {m: {"deletion": [], "insertion": []} for m in METHODS}
+    seconds: dict[str, float] = {}
     for part in chosen.split(batch_slices):
         batch = {key: value[part] for key, value in slices.items()}
         baseline = baseline_all[part]
-        on_grid, on_pixels = explanation_maps(model, batch, grid, generator)
+        on_grid, on_pixels = explanation_maps(model, batch, baseline, grid, generator, seconds)
         ends = torch.stack([p_intact[part], p_baseline[part]], dim=1)  # the first and last point, shared by all maps
         for method in METHODS:
             metrics[method].update(on_pixels[method], batch["mask"][:, 0], batch["head"][:, 0], known=batch["has_mask"])
@@ -265,7 +292,9 @@ def score_methods(
     for method in METHODS:
         scores = {name: float(value) for name, value in metrics[method].compute().items()}
         row = {"method": method, "pointing": scores["pointing"], "energy_ratio": scores["energy_ratio"]}
-        row.update(pixel_auroc=scores["pixel_auroc"], slices=int(scores["slices"]))
+        row.update(pixel_auroc=scores["pixel_auroc"], dice=scores["dice"], slices=int(scores["slices"]))
+        row["ms_per_slice"] = 1000 * seconds[method] / len(chosen) if method in seconds else float("nan")
+        row["forwards"] = FORWARDS.get(method, lambda n: 0)(grid[0] * grid[1])
         for curve in ("deletion", "insertion"):
             values = torch.cat(areas[method][curve])
             row[curve] = float(values.mean())
@@ -284,13 +313,15 @@ def score_methods(
 
 
 def markdown_table(rows: list[dict]) -> str:
-    header = "| method | deletion AUC ↓ | insertion AUC ↑ | pointing | energy ratio | pixel AUROC | n slices |"
-    lines = [header, "|---|---|---|---|---|---|---|"]
+    header = "| method | deletion AUC ↓ | insertion AUC ↑ | pointing | energy ratio | pixel AUROC | Dice at half max |"
+    header += " passes per slice | ms per slice | n slices |"
+    lines = [header, "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        cost = f"{r['forwards']} | {r['ms_per_slice']:.0f}" if r["forwards"] else "- | -"
         lines.append(
             f"| {r['method']} | {r['deletion']:.3f} ± {r['deletion_se']:.3f} | {r['insertion']:.3f} ± "
             f"{r['insertion_se']:.3f} | {r['pointing']:.3f} | {r['energy_ratio']:.2f} | {r['pixel_auroc']:.3f} "
-            f"| {r['slices']} |"
+            f"| {r['dice']:.3f} | {cost} | {r['slices']} |"
         )
     return "\n".join(lines)
 

@@ -21,6 +21,7 @@ from torch.utils.data import DistributedSampler
 
 from vit_ct import CTSliceDataModule, ViTClassifier
 from vit_ct.data.distributed import EpochShuffleSampler, MarkedPaddingSampler, ResumableDataLoader, decode_index
+from vit_ct.explain.localisation import localisation_maps, scores_per_slice
 
 TESTS = Path(__file__).resolve().parent
 
@@ -147,3 +148,12 @@ def test_two_process_fit_and_validate(tmp_path):
     expected = roc_auc_score(batch["label"].numpy(), probs)
     np.testing.assert_allclose(validate["metrics"]["val/auroc"], expected, atol=1e-6)
     np.testing.assert_allclose(fit[0]["metrics"]["val/auroc"], expected, atol=1e-6)  # best = the only epoch
+
+    # The maps' segmentation scores (MONAI's Dice and HD95) synced over the ranks equal one process over the slices.
+    with torch.no_grad():
+        rollout = model.explain(batch["image"])[1]
+    maps = localisation_maps(None, batch, rollout=rollout)
+    per_slice = scores_per_slice(maps, batch, tolerance_mm=model.hparams.localisation_tolerance_mm)
+    for name in ("rollout_dice", "rollout_iou", "rollout_hd95_mm", "perfect_patch_dice", "perfect_patch_hd95_mm"):
+        expected = np.nanmean(per_slice[name].numpy())
+        np.testing.assert_allclose(validate["metrics"][f"val/{name}"], expected, rtol=1e-4, err_msg=name)

@@ -7,6 +7,7 @@ import pytest
 import torch
 from conftest import load_benchmark
 
+from vit_ct.explain.occlusion import brain_baseline, occlusion_sensitivity
 from vit_ct.model import ViTClassifier
 
 
@@ -15,11 +16,11 @@ def fb():
     return load_benchmark("faithfulness")
 
 
-def test_baseline_is_normal_brain_in_the_head_and_air_outside(fb):
+def test_baseline_is_normal_brain_in_the_head_and_air_outside():
     image = torch.rand(1, 2, 4, 4)
     head = torch.zeros(1, 1, 4, 4)
     head[..., 1:3, 1:3] = 1
-    baseline = fb.ct_baseline(image, head, [(40.0, 80.0), (80.0, 200.0)])
+    baseline = brain_baseline(image, head, [(40.0, 80.0), (80.0, 200.0)])
     assert torch.allclose(baseline[0, :, 1, 1], torch.tensor([30 / 80, 50 / 200]))  # (30 - 0) / 80, (30 + 20) / 200
     assert torch.equal(baseline[..., 0, :], image[..., 0, :])
 
@@ -67,6 +68,26 @@ def test_benchmark_runs_end_to_end(fb, synthetic_set, tmp_path):
     rows = [line for line in report.splitlines() if line.startswith("| ") and "method" not in line]
     assert [r.split(" | ")[0][2:] for r in rows] == list(fb.METHODS)
     assert all(r.rstrip(" |").endswith("| 3") for r in rows)  # every method scored on the same 3 slices
+    occlusion = next(r for r in rows if r.startswith("| occlusion "))
+    assert occlusion.split(" | ")[-3] == str(2 * 2 + 1)  # a pass per patch of the 2 x 2 grid, and the intact slice
+
+
+def test_occlusion_is_the_score_drop_of_each_patch_at_the_baseline():
+    """A linear score: hiding a patch lowers it by exactly that patch's weighted difference from the baseline."""
+    torch.manual_seed(0)
+    image, weight = torch.rand(2, 2, 32, 32), torch.rand(1, 2, 32, 32)
+    head = torch.ones(2, 1, 32, 32)
+    head[..., :8, :] = 0  # the top row of patches is air: its baseline is the image itself, nothing to hide
+    baseline = brain_baseline(image, head, [(40.0, 80.0), (80.0, 200.0)])
+
+    def score(x):
+        return (x * weight).sum(dim=(1, 2, 3))
+
+    maps = occlusion_sensitivity(score, image, baseline, patch_size=8, n_batch=5)
+    expected = ((image - baseline) * weight).unfold(2, 8, 8).unfold(3, 8, 8).sum(dim=(1, 4, 5))  # (2, 4, 4)
+    assert type(maps) is torch.Tensor and maps.shape == (2, 4, 4)  # a plain tensor, not a MetaTensor
+    torch.testing.assert_close(maps, expected, atol=1e-4, rtol=1e-4)
+    assert maps[:, 0].abs().max() < 1e-4
 
 
 def test_grad_cam_reads_the_full_patch_grid_of_a_model_that_skips_air(fb):

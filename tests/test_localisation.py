@@ -6,6 +6,7 @@ import torch
 from sklearn.metrics import roc_auc_score
 
 from vit_ct.explain.localisation import LocalisationMetrics, localisation_maps, model_grid_spacing_mm, pixel_auroc
+from vit_ct.explain.segmentation import perfect_patch_map
 from vit_ct.model import ViTClassifier
 
 torch.set_num_threads(1)
@@ -156,11 +157,12 @@ def test_maps_on_the_model_grid():
     batch = _tiny_batch()
     maps = localisation_maps(model, batch)
     assert {k: tuple(v.shape) for k, v in maps.items()} == {
-        k: (4, 32, 32) for k in ("rollout", "floor_image", "floor_head")
+        k: (4, 32, 32) for k in ("rollout", "floor_image", "floor_head", "perfect_patch")
     }
     assert maps["rollout"].min() >= 0 and maps["rollout"].std() > 0
     torch.testing.assert_close(maps["floor_image"], batch["image"][:, 0])
     torch.testing.assert_close(maps["floor_head"], batch["head"][:, 0])
+    torch.testing.assert_close(maps["perfect_patch"], perfect_patch_map(batch["mask"][:, 0] > 0.5, (2, 2)))  # 16 px
 
 
 def test_model_scores_positive_slices_with_masks():

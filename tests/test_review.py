@@ -15,7 +15,7 @@ from matplotlib.figure import Figure
 from PIL import Image
 
 from vit_ct import ViTClassifier, review
-from vit_ct.explain.localisation import LocalisationMetrics
+from vit_ct.explain.localisation import LocalisationMetrics, scores_per_slice
 from vit_ct.predict.writer import PredictionWriter
 from vit_ct.review import figures as review_figures
 
@@ -129,17 +129,22 @@ def test_localisation_scores_are_the_metric_per_slice():
     masks[2, 15:20, 5:8] = 1
     masks[4, 4:6, 4:6] = 1  # lesion, but its mask is not known: skipped
     known = torch.tensor([True, True, True, True, False, True])  # 3 and 5: no lesion, skipped
-    scores = review.localisation_scores(maps, masks, head, known=known, tolerance_mm=2.0, pixel_spacing_mm=0.9)
-    assert np.isnan(scores["pointing"][3:]).all() and not np.isnan(scores["pointing"][:3]).any()
+    batch = {"mask": masks[:, None], "head": head[:, None], "has_mask": known, "pixel_spacing_mm": torch.tensor(0.9)}
+    sources = ("rollout", "floor_image", "floor_head", "perfect_patch")
+    scores = scores_per_slice(dict.fromkeys(sources, maps), batch, tolerance_mm=2.0)
+    assert scores["rollout_pointing"][3:].isnan().all() and not scores["rollout_pointing"][:3].isnan().any()
+    assert scores["floor_head_hd95_mm"].isnan().all()  # the surface distance only of the map and its ceiling
+    assert not scores["rollout_hd95_mm"][:3].isnan().any()
 
     metric = LocalisationMetrics(tolerance_mm=2.0, pixel_spacing_mm=0.9)
     metric.update(maps, masks, head, known=known)
     expected = {name: float(value) for name, value in metric.compute().items()}
-    sources = ("rollout", "floor_image", "floor_head")
-    table = pd.DataFrame({f"{source}_{name}": values for source in sources for name, values in scores.items()})
+    table = pd.DataFrame({name: values.numpy() for name, values in scores.items()})
     summary = review.localisation_summary(table)
-    for name in ("pointing", "energy", "mask_fraction", "pixel_auroc", "energy_ratio", "slices"):
-        assert summary.loc["rollout", name] == pytest.approx(expected[name], rel=1e-9), name
+    for name in ("pointing", "energy", "mask_fraction", "pixel_auroc", "energy_ratio", "dice", "iou", "hd95_mm"):
+        rel = 1e-6 if name == "hd95_mm" else 1e-9  # MONAI's distances are float32
+        assert summary.loc["rollout", name] == pytest.approx(expected[name], rel=rel), name
+    assert summary.loc["rollout", "slices"] == expected["slices"]
     assert review.localisation_summary(table.iloc[3:]) is None  # no scored slice: nothing to summarise
 
 

@@ -1,6 +1,7 @@
 """The metrics of the maps in one stage (validation or test), as torchmetrics states synced across DDP ranks: the
 attention sink on every slice, and the rollout (arXiv:2005.00928) against the lesion beside its two floors, the
-image itself and the head mask, on slices with a known, non-empty lesion mask."""
+image itself and the head mask, and below the perfect patch map (the ceiling the patch grid sets), on slices with a
+known, non-empty lesion mask."""
 
 from __future__ import annotations
 
@@ -9,7 +10,13 @@ import warnings
 import torch
 from torch import nn
 
-from vit_ct.explain.localisation import MAP_SOURCES, LocalisationMetrics, localisation_maps
+from vit_ct.explain.localisation import (
+    MAP_SOURCES,
+    SURFACE_DISTANCE_SOURCES,
+    LocalisationMetrics,
+    localisation_maps,
+    scores_per_slice,
+)
 from vit_ct.explain.maps import Explained
 from vit_ct.explain.sink import SinkMetrics
 
@@ -27,8 +34,10 @@ class MapMetrics(nn.Module):
         super().__init__()
         self.sink = SinkMetrics(depth)
         metrics = {
-            s: LocalisationMetrics(tolerance_mm=tolerance_mm, pixel_spacing_mm=pixel_spacing_mm) for s in MAP_SOURCES
-        }
+            s: LocalisationMetrics(tolerance_mm=tolerance_mm, pixel_spacing_mm=pixel_spacing_mm,
+                                   surface_distance=s in SURFACE_DISTANCE_SOURCES)
+            for s in MAP_SOURCES
+        }  # fmt: skip
         self.localisation = nn.ModuleDict(metrics)
 
     def update(self, batch: dict, explained: Explained, *, num_prefix_tokens: int, patch_size: int) -> None:
@@ -61,3 +70,10 @@ class MapMetrics(nn.Module):
             counts = ("slices", "lesion_slices")
             values.update({name: v.float() for name, v in sink.items() if name not in counts and not v.isnan()})
         return values
+
+
+def slice_scores(batch: dict, rollout: torch.Tensor, *, tolerance_mm: float) -> dict[str, torch.Tensor]:
+    """Per slice, the rollout's and the perfect patch map's scores against the lesion (``rollout_dice``,
+    ``perfect_patch_hd95_mm``, ...; NaN without a known lesion mask), as ``vit-ct predict`` writes them."""
+    maps = localisation_maps(None, batch, rollout=rollout)
+    return scores_per_slice(maps, batch, tolerance_mm=tolerance_mm, sources=SURFACE_DISTANCE_SOURCES)

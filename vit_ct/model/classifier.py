@@ -23,7 +23,7 @@ from vit_ct.explain.localisation import model_grid_spacing_mm
 from vit_ct.explain.maps import Explained, explain_forward
 from vit_ct.explain.sink import sink_per_slice
 from vit_ct.metrics.classification import classification_metrics
-from vit_ct.metrics.maps import MapMetrics
+from vit_ct.metrics.maps import MapMetrics, slice_scores
 from vit_ct.model import shipped
 from vit_ct.model.hparams import check_hparams, predated_hparams
 from vit_ct.model.losses import Losses, PatchLosses, classification_loss
@@ -376,6 +376,8 @@ class ViTClassifier(L.LightningModule):
         out = {"prob": self.probabilities(explained.output), "rollout": explained.rollout, "index": batch["index"]}
         if "head" in batch:  # the attention sink, per slice
             out.update(sink_per_slice(explained.rollout, explained.class_attention, batch["head"], self.num_prefix))
+        if "has_mask" in batch and batch["has_mask"].any():  # the map against the lesion, per slice
+            out["scores"] = slice_scores(batch, explained.rollout, tolerance_mm=self.hparams.localisation_tolerance_mm)
         return out
 
     def configure_optimizers(self):

@@ -158,6 +158,7 @@ class PredictionWriter(BasePredictionWriter):
                 record["label"] = int(row["label"])
             record.update({"rollout": map_path.as_posix(), "overlay": overlay_path.as_posix()})
             record.update(sink_columns(prediction, i))
+            record.update({name: float(values[i]) for name, values in prediction.get("scores", {}).items()})
             self.rows.append(record)
 
     def on_predict_epoch_end(self, trainer, pl_module) -> None:

@@ -27,7 +27,7 @@ from vit_ct.review.summaries import (
     sink_summary,
     summary_metrics,
 )
-from vit_ct.review.table import SCORES, case_images, localisation_scores, outcome, run_review, source_map
+from vit_ct.review.table import SCORES, case_images, outcome, run_review, source_map
 
 __all__ = [
     "CaseMaps",
@@ -42,7 +42,6 @@ __all__ = [
     "export_flagged",
     "gallery",
     "load_review",
-    "localisation_scores",
     "localisation_summary",
     "outcome",
     "pick_case",

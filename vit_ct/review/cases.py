@@ -1,5 +1,5 @@
-"""One case in depth (rollout, gradient rollout and last-block attention, per head and per block), and the export of
-the cases a reviewer flags."""
+"""One case in depth (rollout, gradient rollout, last-block attention and occlusion sensitivity, attention per head and
+per block), and the export of the cases a reviewer flags."""
 
 from __future__ import annotations
 
@@ -16,13 +16,15 @@ from vit_ct.data.datamodule import CTSliceDataModule
 from vit_ct.data.grid import to_source_grid
 from vit_ct.explain.attention import num_prefix_tokens, patch_grid, record_attention
 from vit_ct.explain.maps import explain_gradient_rollout
+from vit_ct.explain.occlusion import brain_baseline, occlusion_sensitivity
 from vit_ct.explain.rollout import last_block_attention, per_block_maps, per_head_maps
 from vit_ct.explain.sink import air_patches, class_token_shares
+from vit_ct.metrics.scans import lesion_scores
 from vit_ct.model import ViTClassifier
 from vit_ct.review.summaries import gallery
 from vit_ct.review.table import case_images, outcome
 
-METHODS = ("rollout", "gradient rollout", "last-block attention")  # the maps of one case
+METHODS = ("rollout", "gradient rollout", "last-block attention", "occlusion")  # the maps of one case
 
 
 @dataclass
@@ -39,7 +41,8 @@ class CaseMaps:
 
 
 def case_maps(model: ViTClassifier, datamodule: CTSliceDataModule, row: pd.Series) -> CaseMaps:
-    """Rollout, gradient rollout (class 1: lesion, for binary) and last-block attention, plus per-head and per-block
+    """Rollout, gradient rollout (class 1: lesion, for binary), last-block attention and occlusion sensitivity (the
+    fall of P(lesion) with each patch at normal brain: one forward pass per patch), plus per-head and per-block
     class-token attention, of the slice of a :func:`run_review` row."""
     item = datamodule.predict_dataloader().dataset.load(int(row.name))
     image = item["image"][None].to(model.device)  # (1, C, S, S)
@@ -53,6 +56,11 @@ def case_maps(model: ViTClassifier, datamodule: CTSliceDataModule, row: pd.Serie
     fusion = model.hparams.rollout_head_fusion
     gradient = explain_gradient_rollout(model, image, target=1 if model.task == "binary" else None)
     last = last_block_attention(attentions, fusion, num_prefix_tokens=prefix, grid_size=grid)
+    baseline = brain_baseline(image, item["head"][None].to(image.device), datamodule.windows)
+    occlusion = occlusion_sensitivity(
+        lambda x: lesion_scores(model.probabilities(model(x)), model.task, model.class_names), image, baseline,
+        patch_size=image.shape[-1] // grid[1],
+    )  # fmt: skip
     heads = per_head_maps(attentions, block=-1, num_prefix_tokens=prefix, grid_size=grid)
     blocks = per_block_maps(attentions, fusion, num_prefix_tokens=prefix, grid_size=grid)
     rows, cols = int(row["rows"]), int(row["cols"])
@@ -62,6 +70,7 @@ def case_maps(model: ViTClassifier, datamodule: CTSliceDataModule, row: pd.Serie
 
     hu, mask = case_images(row, datamodule.read_options)
     named = {"rollout": rollout[0], "gradient rollout": gradient[0], "last-block attention": last[0]}
+    named["occlusion"] = occlusion[0].clamp_min(0)  # what hiding lowers; where hiding raises P(lesion), nothing
     return CaseMaps(
         row=row,
         hu=hu,

@@ -12,46 +12,10 @@ from vit_ct.data.datamodule import CTSliceDataModule
 from vit_ct.data.grid import to_source_grid
 from vit_ct.data.labels import lesion_label
 from vit_ct.data.reader import load_ct_slice, load_mask
-from vit_ct.explain.localisation import (
-    MAP_SOURCES,
-    localisation_maps,
-    model_grid_spacing_mm,
-    score_slices,
-    spacing_per_slice,
-)
+from vit_ct.explain.localisation import MAP_SOURCES, SCORES, localisation_maps, scores_per_slice
 from vit_ct.explain.sink import sink_per_slice
 from vit_ct.metrics.scans import lesion_scores, scan_column
 from vit_ct.model import ViTClassifier
-
-SCORES = ("pointing", "energy", "mask_fraction", "pixel_auroc")  # per slice and map source
-
-
-def localisation_scores(
-    maps: torch.Tensor,
-    masks: torch.Tensor,
-    head: torch.Tensor,
-    *,
-    known: torch.Tensor,
-    tolerance_mm: float,
-    pixel_spacing_mm: float | torch.Tensor | None,
-) -> dict[str, np.ndarray]:
-    """Per-slice pointing, energy, mask fraction and pixel AUROC, scored exactly as
-    :class:`vit_ct.explain.localisation.LocalisationMetrics` scores them; NaN on the slices it skips.
-
-    Args:
-        maps: ``(B, H, W)`` maps.
-        masks: ``(B, H, W)`` lesion masks, 0/1.
-        head: ``(B, H, W)`` head masks, 0/1.
-        known: ``(B,)`` bool: the slice's mask is known.
-        tolerance_mm: Pointing-game tolerance.
-        pixel_spacing_mm: Pixel size of the grid, one for all or ``(B,)``; None or NaN: a 230 mm field of view.
-    """
-    spacing = spacing_per_slice(pixel_spacing_mm, model_grid_spacing_mm(maps.shape[-1]), len(maps), maps.device)
-    scored, per_slice = score_slices(maps, masks, head, known=known, tolerance_px=tolerance_mm / spacing)
-    scores = {name: np.full(len(maps), np.nan) for name in SCORES}
-    for name, values in per_slice.items():
-        scores[name][scored.cpu().numpy()] = values.double().cpu().numpy()
-    return scores
 
 
 def run_review(
@@ -67,8 +31,8 @@ def run_review(
         :func:`source_map` brings it to the source grid), the attention sink
         (:func:`vit_ct.explain.sink.sink_per_slice`: ``rollout_air``, ``rollout_outside_head``, and ``cls_prefix`` /
         ``cls_air`` arrays with one share per block), and per map source (``rollout``, ``floor_image``,
-        ``floor_head``) the localisation scores ``{source}_{score}`` on the model grid, as the model's ``test/``
-        metrics, NaN where the slice has no lesion mask.
+        ``floor_head``, ``perfect_patch``) the localisation scores ``{source}_{score}`` on the model grid, as the
+        model's ``test/`` metrics, NaN where the slice has no lesion mask.
     """
     model.eval()
     datamodule.setup("predict")
@@ -85,16 +49,9 @@ def run_review(
         sink = sink_per_slice(rollout, explained.class_attention, batch["head"], model.num_prefix)
         scores = {name: sink[name] for name in ("rollout_air", "rollout_outside_head")}
         if batch["has_mask"].any():
-            for source, maps in localisation_maps(model, batch, rollout=rollout).items():
-                per_slice = localisation_scores(
-                    maps,
-                    batch["mask"][:, 0],
-                    batch["head"][:, 0],
-                    known=batch["has_mask"],
-                    tolerance_mm=model.hparams.localisation_tolerance_mm,
-                    pixel_spacing_mm=batch.get("pixel_spacing_mm"),
-                )
-                scores.update({f"{source}_{name}": values for name, values in per_slice.items()})
+            maps = localisation_maps(model, batch, rollout=rollout)
+            per_slice = scores_per_slice(maps, batch, tolerance_mm=model.hparams.localisation_tolerance_mm)
+            scores.update({name: values.cpu().numpy() for name, values in per_slice.items()})
         for i, index in enumerate(batch["index"].tolist()):
             row = split_rows.iloc[index]
             label = int(lesions[i])

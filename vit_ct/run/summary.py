@@ -12,7 +12,7 @@ import pandas as pd
 
 from vit_ct.run.runs import LATEST_SUMMARY
 
-LOCALISATION = ("pointing", "energy", "mask_fraction", "energy_ratio", "pixel_auroc")
+LOCALISATION = ("pointing", "energy", "mask_fraction", "energy_ratio", "pixel_auroc", "dice", "hd95_mm")
 
 
 def read_summary(path: str | Path = LATEST_SUMMARY) -> dict:
@@ -49,7 +49,7 @@ def report(output_dir: str | Path, summary: dict) -> str:
         tolerance = f"{tolerance:g} mm" if tolerance is not None else "see config.yaml"
         lines.append(f"  localisation on test slices with a lesion (pointing tolerance {tolerance}):")
         lines.append(f"    {'map':<14}" + "".join(f"{n:>15}" for n in LOCALISATION))
-        for source in ("rollout", "floor_image", "floor_head"):
+        for source in ("rollout", "floor_image", "floor_head", "perfect_patch"):
             values = [metrics.get(f"test/{source}_{n}", float("nan")) for n in LOCALISATION]
             lines.append(f"    {source:<14}" + "".join(f"{v:>15.3f}" for v in values))
     if "test/rollout_air" in metrics:
