@@ -2,11 +2,14 @@
 
 Side by side in one run, on a held-out synthetic set drawn from a *different* simulator family than pretraining
 (sharper kernels, lower dose, beam hardening, fainter and smaller bleeds, 256 x 256 int16 DICOM, its own seeds):
-the vit-ct ViT from scratch, the same ViT fine-tuned from simulator-pretrained weights (``configs/pretrain.yaml``),
-and timm's ``resnet18`` from scratch, all on the same slices for the same number of epochs. Scored on the test
-split: AUROC (patient-bootstrap 95% interval) against a global-image-statistics floor, and the maps (ViT attention
-rollout, ResNet Grad-CAM, arXiv:1610.02391) against the lesion masks (pointing game, energy in mask, in-head pixel
-AUROC) beside the windowed image and the head mask as "maps". Optional rows repeat a model at other input sizes.
+the vit-ct ViT from scratch, the weights that ship with vit-ct as they are and fine-tuned with labels only (the
+recipe of ``configs/finetune.yaml``: a manifest without masks) or with the masks, the demo's weights fine-tuned, a
+checkpoint of ``configs/pretrain.yaml`` fine-tuned, and timm's ``resnet18`` from scratch, all on the same slices for
+the same number of epochs. Scored on the test split: AUROC (patient-bootstrap 95% interval) against a
+global-image-statistics floor, and the maps (ViT attention rollout, ResNet Grad-CAM, arXiv:1610.02391) against the
+lesion masks (pointing game overall and by lesion-size quartile, energy in mask, in-head pixel AUROC, Dice and HD95
+of the half-maximum region) beside the windowed image and the head mask as "maps" and the perfect patch map (the
+ceiling of any map on the patch grid).
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ from timm.optim import param_groups_weight_decay
 from torch.utils.data import DataLoader
 
 from vit_ct.data.datamodule import CTSliceDataModule, CTSliceDataset
-from vit_ct.explain.localisation import LocalisationMetrics, model_grid_spacing_mm, upsampled_rollout
+from vit_ct.explain.localisation import LocalisationMetrics, model_grid_spacing_mm, score_slices, upsampled_rollout
+from vit_ct.explain.segmentation import perfect_patch_map
 from vit_ct.model import ViTClassifier
 from vit_ct.model.optim import warmup_cosine_schedule
 from vit_ct.run.hardware import auto_precision, describe_machine
@@ -90,30 +94,44 @@ class Row:
     name: str
     model: str  # "vit" or "resnet18"
     img_size: int
-    pretrained: bool = False
-    masks: bool = False  # train on the lesion masks too (the ViT's patch head and attention loss)
+    start: str = "scratch"  # or "checkpoint" (--pretrained), "shipped" (--shipped NAME), "demo" (--demo CKPT)
+    masks: bool = False  # train on the lesion masks too; False: the manifest the model sees has no mask column
     train: bool = True  # False: score the (pretrained) weights as they are
+
+    @property
+    def pretrained(self) -> bool:
+        return self.start != "scratch"
+
+
+SHIPPED = "vit-ct/headct-tiny-256"
 
 
 ROWS = {
     "resnet18": Row("ResNet-18, scratch", "resnet18", 128),
     "vit": Row("ViT, scratch", "vit", 128),
     "vit-masks": Row("ViT, scratch + masks", "vit", 128, masks=True),
-    "vit-pre": Row("ViT, pretrained, not fine-tuned", "vit", 128, pretrained=True, train=False),
-    "vit-ft": Row("ViT, fine-tuned", "vit", 128, pretrained=True),
-    "vit-ft-masks": Row("ViT, fine-tuned + masks", "vit", 128, pretrained=True, masks=True),
+    "vit-pre": Row("ViT, pretrained, not fine-tuned", "vit", 128, start="checkpoint", train=False),
+    "vit-ft": Row("ViT, fine-tuned", "vit", 128, start="checkpoint"),
+    "vit-ft-masks": Row("ViT, fine-tuned + masks", "vit", 128, start="checkpoint", masks=True),
     "vit-256": Row("ViT, scratch", "vit", 256),
-    "vit-ft-256": Row("ViT, fine-tuned", "vit", 256, pretrained=True),
+    "vit-ft-256": Row("ViT, fine-tuned", "vit", 256, start="checkpoint"),
     "resnet18-256": Row("ResNet-18, scratch", "resnet18", 256),
+    "shipped": Row("ViT, shipped weights, not fine-tuned", "vit", 256, start="shipped", train=False),
+    "shipped-ft": Row("ViT, shipped, fine-tuned, labels only", "vit", 256, start="shipped"),
+    "shipped-ft-masks": Row("ViT, shipped, fine-tuned + masks", "vit", 256, start="shipped", masks=True),
+    "demo-ft": Row("ViT, demo weights, fine-tuned, labels only", "vit", 192, start="demo"),
 }
 
-USAGE = """example (the README's table; ~35 min on 2 CPU cores):
-  .venv/bin/python benchmarks/small_data.py --pretrained runs/vit-ct/<id>/checkpoints/last.ckpt --out small_data.md
+USAGE = """example (the README's table):
+  .venv/bin/python benchmarks/small_data.py --rows shipped shipped-ft shipped-ft-masks demo-ft vit-256 resnet18-256 \\
+      --seeds 0 1 2 --demo runs/latest/checkpoints/last.ckpt --out small_data.md
 
-Rows (--rows): resnet18, vit, vit-masks, vit-pre (the pretrained weights scored as they are), vit-ft, vit-ft-masks
-(+ masks: the ViT's patch and attention losses on the lesion masks, which a user's set may not have), and -256
-variants at 256 x 256 (the held-out set's native size). Pretrained rows need --pretrained (a vit-ct checkpoint, e.g.
-of configs/pretrain.yaml).
+Rows (--rows): shipped (the weights that ship with vit-ct, --shipped, scored as they are), shipped-ft (fine-tuned
+with labels only, the recipe of configs/finetune.yaml; trained once per --seeds), shipped-ft-masks (+ masks: the
+patch and attention losses on the lesion masks, which a user's set rarely has), demo-ft (the demo's weights, --demo,
+fine-tuned at their 192 x 192), vit-256 and resnet18-256 (from scratch at the held-out set's native 256 x 256), and
+at 128 x 128 resnet18, vit, vit-masks, and vit-pre / vit-ft / vit-ft-masks / vit-ft-256 from --pretrained (a
+checkpoint of configs/pretrain.yaml).
 Every row trains --epochs epochs on the same train split (bf16 autocast where the CPU has native bf16, else fp32;
 batch 16, flips/rotations/scaling/noise), from the same seed, and is scored with its final weights (no checkpoint
 picked on the small validation split).
@@ -158,12 +176,18 @@ class ResNetClassifier(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": schedule}
 
 
-def build_model(row: Row, pretrained: Path | None) -> L.LightningModule:
-    """The row's network and recipe: ``configs/finetune.yaml`` for fine-tuning, a from-scratch rate otherwise."""
+def build_model(row: Row, args: argparse.Namespace) -> L.LightningModule:
+    """The row's network and recipe: ``configs/finetune.yaml`` for fine-tuning (the multiple-instance loss and the
+    rollout trained toward the patch evidence: what acts without masks), a from-scratch rate otherwise."""
     common = {"label_smoothing": 0.1, "weight_decay": 0.05}
     if row.model == "resnet18":
         return ResNetClassifier(in_chans=len(WINDOWS), lr=1e-3, warmup_epochs=2.0, **common)
-    recipe = {"lr": 1e-4, "layer_decay": 0.75, "warmup_epochs": 5.0} if row.pretrained else {"lr": 1e-3}
+    recipe = {"lr": 1e-3}
+    if row.pretrained:
+        recipe = {"lr": 1e-4, "layer_decay": 0.75, "warmup_epochs": 5.0, "mil_loss_weight": 1.0}
+        recipe["evidence_attention"] = True  # acts on the slices without a mask: all of them in a labels-only row
+    start = {"checkpoint": {"weights": str(args.pretrained)}, "demo": {"weights": str(args.demo)}}
+    start["shipped"] = {"pretrained": args.shipped}
     return ViTClassifier(
         arch="vit_tiny_patch16_224",
         stem="conv",
@@ -171,9 +195,9 @@ def build_model(row: Row, pretrained: Path | None) -> L.LightningModule:
         img_size=row.img_size,
         in_chans=len(WINDOWS),
         patch_loss_weight=1.0 if row.masks else 0.0,
-        attention_loss_weight=1.0 if row.masks else 0.0,  # a row without masks must not learn from them
+        attention_loss_weight=1.0 if row.masks else 0.0,
         drop_path_rate=0.1,
-        weights=str(pretrained) if row.pretrained else None,
+        **start.get(row.start, {}),
         **recipe,
         **common,
     )
@@ -232,11 +256,26 @@ def grad_cam_maps(model: ResNetClassifier, images: torch.Tensor) -> torch.Tensor
 
 
 def score_maps(maps: torch.Tensor, test: dict, lesion: torch.Tensor, img_size: int) -> dict[str, float]:
-    """Localisation of ``(B, S, S)`` maps on the test lesion slices."""
-    metric = LocalisationMetrics(tolerance_mm=TOLERANCE_MM, pixel_spacing_mm=model_grid_spacing_mm(img_size))
-    metric.update(maps, test["mask"][lesion, 0], test["head"][lesion, 0], known=test["has_mask"][lesion])
+    """Localisation of ``(B, S, S)`` maps on the test lesion slices, and the pointing game per quartile of lesion
+    size (``pointing_q1`` the smallest quarter; ``lesion_px_quartiles`` its edges in pixels at ``img_size``)."""
+    spacing = model_grid_spacing_mm(img_size)
+    metric = LocalisationMetrics(tolerance_mm=TOLERANCE_MM, pixel_spacing_mm=spacing)
+    masks, head = test["mask"][lesion, 0], test["head"][lesion, 0]
+    metric.update(maps, masks, head, known=test["has_mask"][lesion])
     scores = {key: float(value) for key, value in metric.compute().items()}
-    return {k: scores[k] for k in ("pointing", "energy_ratio", "pixel_auroc", "slices")}
+    out = {k: scores[k] for k in ("pointing", "energy_ratio", "pixel_auroc", "dice", "hd95_mm", "slices")}
+    n = len(maps)
+    spacings = torch.full((n,), spacing, dtype=torch.float64)
+    scored, per_slice = score_slices(maps, masks, head, tolerance_px=TOLERANCE_MM / spacings, spacing_mm=spacings,
+                                     surface_distance=False)  # fmt: skip
+    area = ((masks > 0.5) & (head > 0.5)).flatten(1).sum(dim=1)[scored].double().numpy()
+    edges = np.quantile(area, [0.25, 0.5, 0.75]) if len(area) else np.array([])
+    quartile = np.searchsorted(edges, area, side="right")  # 0..3
+    for q in range(4):
+        chosen = quartile == q
+        out[f"pointing_q{q + 1}"] = float(per_slice["pointing"].numpy()[chosen].mean()) if chosen.any() else np.nan
+    out["lesion_px_quartiles"] = [int(area.min()), *map(int, edges), int(area.max())] if len(area) else []
+    return out
 
 
 def evaluate(model: L.LightningModule, test: dict, lesion: torch.Tensor, img_size: int) -> tuple[np.ndarray, dict]:
@@ -259,9 +298,23 @@ def evaluate(model: L.LightningModule, test: dict, lesion: torch.Tensor, img_siz
     return torch.cat(probs).float().numpy(), score_maps(maps, test, lesion, img_size)
 
 
-def train(row: Row, data: CTSliceDataModule, args: argparse.Namespace) -> tuple[L.LightningModule, dict]:
-    L.seed_everything(args.seed, workers=True, verbose=False)
-    model = build_model(row, args.pretrained)
+class KeepBestByValidation(L.Callback):
+    """Keeps a copy of the weights at the validation with the highest ``val/auroc``: the other checkpoint rule,
+    scored beside the final weights."""
+
+    def __init__(self) -> None:
+        self.best, self.state, self.epoch = float("-inf"), None, None
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        value = float(trainer.callback_metrics.get("val/auroc", float("nan")))
+        if not trainer.sanity_checking and value > self.best:
+            self.best, self.epoch = value, trainer.current_epoch
+            self.state = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
+
+
+def train(row: Row, data: CTSliceDataModule, args: argparse.Namespace, seed: int) -> tuple[L.LightningModule, dict]:
+    L.seed_everything(seed, workers=True, verbose=False)
+    model = build_model(row, args)
     if not row.train:
         return model, {"train_s": 0.0, "images_seen": 0, "images_per_s": float("nan"), "val_auroc": float("nan")}
     trainer = L.Trainer(
@@ -275,19 +328,22 @@ def train(row: Row, data: CTSliceDataModule, args: argparse.Namespace) -> tuple[
         enable_progress_bar=False,
         num_sanity_val_steps=0,
         check_val_every_n_epoch=args.val_every,
+        callbacks=[keep := KeepBestByValidation()],
     )
     start = time.perf_counter()
     trainer.fit(model, datamodule=data)
     seconds = time.perf_counter() - start
     seen = args.epochs * len(data.split_table("train"))
     val = float(trainer.callback_metrics.get("val/auroc", float("nan")))
-    return model, {"train_s": seconds, "images_seen": seen, "images_per_s": seen / seconds, "val_auroc": val}
+    cost = {"train_s": seconds, "images_seen": seen, "images_per_s": seen / seconds, "val_auroc": val}
+    return model, {**cost, "best_val_state": keep.state, "best_val_epoch": keep.epoch}
 
 
 def markdown(rows: list[dict]) -> str:
     lines = [
-        "| model | input | test AUROC [95% CI] | map | pointing | energy ratio | pixel AUROC | train s | images/s |",
-        "|---|---|---|---|---:|---:|---:|---:|---:|",
+        "| model | input | test AUROC [95% CI] | map | pointing | by lesion size (quartiles) | energy ratio "
+        "| pixel AUROC | Dice at half max | HD95 mm | train s | images/s |",
+        "|---|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
 
     def num(value, fmt):
@@ -295,19 +351,41 @@ def markdown(rows: list[dict]) -> str:
 
     for r in rows:
         auroc = f"{r['auroc']:.3f} [{r['auroc_low']:.2f}, {r['auroc_high']:.2f}]" if "auroc" in r else ""
+        if r.get("seeds", 1) > 1:
+            auroc = f"{r['auroc']:.3f} ± {r['auroc_sd']:.3f} ({r['seeds']} seeds)"
+        by_size = " / ".join(num(r.get(f"pointing_q{q}"), ".2f") for q in range(1, 5)) if "pointing_q1" in r else ""
         lines.append(
             f"| {r['name']} | {r['input']} | {auroc} | {r.get('map', '')} | {num(r.get('pointing'), '.3f')} "
-            f"| {num(r.get('energy_ratio'), '.2f')} | {num(r.get('pixel_auroc'), '.3f')} "
+            f"| {by_size} | {num(r.get('energy_ratio'), '.2f')} | {num(r.get('pixel_auroc'), '.3f')} "
+            f"| {num(r.get('dice'), '.3f')} | {num(r.get('hd95_mm'), '.1f')} "
             f"| {num(r.get('train_s'), '.0f')} | {num(r.get('images_per_s'), '.1f')} |"
         )
     return "\n".join(lines)
+
+
+def mean_over_seeds(runs: list[dict]) -> dict:
+    """One row from the same row trained with several seeds: the mean of every figure, the AUROC's spread."""
+    if len(runs) == 1:
+        return runs[0]
+    row = dict(runs[0])
+    for key, value in runs[0].items():
+        if isinstance(value, float):
+            row[key] = float(np.nanmean([r[key] for r in runs]))
+    row.update(seeds=len(runs), auroc_sd=float(np.std([r["auroc"] for r in runs], ddof=1)), per_seed=runs)
+    return row
 
 
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(
         description=__doc__, epilog=USAGE, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--pretrained", type=Path, help="vit-ct checkpoint of the simulator pretraining")
+    parser.add_argument(
+        "--pretrained", type=Path, help="vit-ct checkpoint of the simulator pretraining (vit-pre, vit-ft*)"
+    )
+    parser.add_argument("--shipped", default=SHIPPED, help="shipped weights of the shipped* rows (default %(default)s)")
+    parser.add_argument("--demo", type=Path, help="the demo's checkpoint, for demo-ft (runs/latest/checkpoints/...)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds of the --seeded-rows (mean, sd)")
+    parser.add_argument("--seeded-rows", nargs="*", default=["shipped-ft"], help="rows trained once per --seeds")
     parser.add_argument(
         "--rows", nargs="+", default=["resnet18", "vit", "vit-masks", "vit-pre", "vit-ft", "vit-ft-masks", "vit-ft-256"]
     )
@@ -324,12 +402,15 @@ def main(argv: list[str] | None = None) -> str:
     unknown = set(args.rows) - set(ROWS)
     if unknown:
         parser.error(f"unknown --rows {sorted(unknown)}; choose from {sorted(ROWS)}")
-    if any(ROWS[r].pretrained for r in args.rows) and args.pretrained is None:
+    if any(ROWS[r].start == "checkpoint" for r in args.rows) and args.pretrained is None:
         parser.error(
             "pretrained rows (vit-pre, vit-ft*) need --pretrained CKPT (from vit-ct fit --config configs/pretrain.yaml)"
         )
-    if args.pretrained is not None and not args.pretrained.is_file():
-        parser.error(f"--pretrained {args.pretrained}: no such file")
+    if any(ROWS[r].start == "demo" for r in args.rows) and args.demo is None:
+        parser.error("demo-ft needs --demo CKPT (the checkpoint `make demo` keeps)")
+    for flag in ("pretrained", "demo"):
+        if getattr(args, flag) is not None and not getattr(args, flag).is_file():
+            parser.error(f"--{flag} {getattr(args, flag)}: no such file")
     command = shlex.join(["python", "benchmarks/small_data.py", *(sys.argv[1:] if argv is None else argv)])
     start = time.perf_counter()
 
@@ -342,12 +423,16 @@ def main(argv: list[str] | None = None) -> str:
         split_fractions=(0.6, 0.1, 0.3),
     )
     table = pd.read_csv(manifest)
+    labels_only = manifest.with_name("manifest_labels_only.csv")  # what a user without masks has
+    table.drop(columns="mask").to_csv(labels_only, index=False)
     results: list[dict] = []
     sizes = sorted({ROWS[r].img_size for r in args.rows})
     for size in sizes:
-        data = CTSliceDataModule(
-            str(manifest), windows=WINDOWS, img_size=size, batch_size=args.batch_size, num_workers=0, augment=True
-        )
+        data, data_labels_only = (
+            CTSliceDataModule(str(m), windows=WINDOWS, img_size=size, batch_size=args.batch_size, num_workers=0,
+                              augment=True)
+            for m in (manifest, labels_only)
+        )  # fmt: skip
         data.check("fit")
         test, train_set = split_tensors(data, "test"), split_tensors(data, "train")
         patients = data.split_table("test")["patient_id"].to_numpy()
@@ -365,33 +450,45 @@ def main(argv: list[str] | None = None) -> str:
                 "auroc_high": hi,
             }
         )
+        perfect = perfect_patch_map(test["mask"][lesion, 0] > 0.5, (size // 16, size // 16))
         for name, maps in (
             ("floor: windowed image", test["image"][lesion, 0]),
             ("floor: head mask", test["head"][lesion, 0]),
+            ("ceiling: perfect patch map", perfect),
         ):
             results.append(
                 {"name": name, "input": f"{size}", "map": "itself", **score_maps(maps.float(), test, lesion, size)}
             )
         for key in [r for r in args.rows if ROWS[r].img_size == size]:
             row = ROWS[key]
-            model, cost = train(row, data, args)
-            probs, localisation = evaluate(model, test, lesion, size)
-            auroc, lo, hi = patient_bootstrap_auroc(labels, probs, patients, seed=args.seed)
-            results.append(
-                {
-                    "name": row.name,
-                    "row": key,
-                    "input": f"{size}",
-                    "auroc": auroc,
-                    "auroc_low": lo,
-                    "auroc_high": hi,
-                    "map": "rollout" if row.model == "vit" else "Grad-CAM",
-                    **localisation,
-                    **cost,
-                    "row_config": asdict(row),
-                }
-            )
-            print(markdown(results[-1:]), flush=True)
+            runs = []
+            for seed in args.seeds if key in args.seeded_rows and row.train else [args.seed]:
+                model, cost = train(row, data if row.masks else data_labels_only, args, seed)
+                probs, localisation = evaluate(model, test, lesion, size)
+                auroc, lo, hi = patient_bootstrap_auroc(labels, probs, patients, seed=args.seed)
+                best_state = cost.pop("best_val_state", None)
+                if best_state is not None:  # the checkpoint rule "best val/auroc", scored beside the final weights
+                    model.load_state_dict(best_state)
+                    best_probs, best_maps = evaluate(model, test, lesion, size)
+                    cost["best_val_test_auroc"] = float(roc_auc_score(labels, best_probs))
+                    cost["best_val_test_pointing"] = best_maps["pointing"]
+                runs.append(
+                    {
+                        "name": row.name,
+                        "row": key,
+                        "seed": seed,
+                        "input": f"{size}",
+                        "auroc": auroc,
+                        "auroc_low": lo,
+                        "auroc_high": hi,
+                        "map": "rollout" if row.model == "vit" else "Grad-CAM",
+                        **localisation,
+                        **cost,
+                        "row_config": asdict(row),
+                    }
+                )
+                print(markdown(runs[-1:]), flush=True)
+            results.append(mean_over_seeds(runs))
     counts = table.groupby("split").agg(
         slices=("label", "size"), positives=("label", "sum"), patients=("patient_id", "nunique")
     )
@@ -400,13 +497,23 @@ def main(argv: list[str] | None = None) -> str:
         f"{s}: {int(c.slices)} slices ({int(c.positives)} with a bleed) of {int(c.patients)} patients"
         for s, c in counts.iterrows()
     )
+    rules = []
+    for r in results:
+        runs = r.get("per_seed", [r])
+        if "best_val_test_auroc" in runs[0]:
+            final = ", ".join(f"{x['auroc']:.3f}" for x in runs)
+            best = ", ".join(f"{x['best_val_test_auroc']:.3f} (epoch {x['best_val_epoch']})" for x in runs)
+            rules.append(f"{r['name']}: test AUROC of the final weights {final}; of the best val/auroc {best}.")
     report = "\n".join(
         [
             markdown(results),
             "",
+            *rules,
             f"Held-out set ({described}); lesion slices scored for localisation: {int(lesion.sum())}."
-            f" {args.epochs} epochs per model, batch {args.batch_size}, final weights. AUROC interval: 2,000"
-            " patient-level bootstrap draws.",
+            f" {args.epochs} epochs per model, batch {args.batch_size}, final weights; rows without masks train on"
+            " a manifest without its mask column. AUROC interval: 2,000 patient-level bootstrap draws (over seeds:"
+            " mean ± standard deviation). Pointing by lesion size: quartiles of"
+            f" {results[-1].get('lesion_px_quartiles', [])} lesion pixels at the row's input size (smallest first).",
             "",
             f"`{command}` ({seconds / 60:.0f} min, {torch.get_num_threads()} threads)",
         ]

@@ -40,7 +40,7 @@ def test_export_writes_half_precision_weights_and_a_card_with_the_input_and_the_
     assert card["architecture"]["embed_dim"] == 32 and card["architecture"]["depth"] == 2
     state = load_file(str(shipped.weights_file("vit-ct/tiny")))
     trained = torch.load(ckpt, weights_only=True)["state_dict"]
-    assert {v.dtype for v in state.values()} == {torch.float16}
+    assert {v.dtype for k, v in state.items() if not k.endswith("num_batches_tracked")} == {torch.float16}
     torch.testing.assert_close(state["blocks.1.attn.qkv.weight"].float(), trained["vit.blocks.1.attn.qkv.weight"],
                                atol=1e-3, rtol=1e-3)  # fmt: skip
     assert shipped.shipped_names() == ["vit-ct/tiny"]
@@ -67,3 +67,30 @@ def test_fit_from_shipped_weights_builds_their_network_and_follows_their_input(e
     assert cli.datamodule.img_size == 32 and cli.datamodule.windows == [(40.0, 80.0)]
     assert len(cli.model.vit.blocks) == 2
     assert any("model.depth: 2 (the network of the weights vit-ct/tiny" in r.getMessage() for r in caplog.records)
+
+
+SHIPPED = "vit-ct/headct-tiny-256"
+
+
+def test_the_package_ships_its_head_ct_weights_with_a_card():
+    assert SHIPPED in shipped.shipped_names()
+    card = shipped.card(SHIPPED)
+    for field in ("version", "licence", "data", "recipe", "not_for", "card_test", "input", "architecture"):
+        assert card.get(field), field
+    assert card["input"]["img_size"] == 256 and len(card["input"]["windows"]) == 2
+    assert shipped.weights_file(SHIPPED).stat().st_size <= 25 * 2**20  # half precision, at most 25 MB
+
+
+@pytest.mark.slow
+def test_the_shipped_weights_reproduce_their_cards_figures_on_the_card_test_set(tmp_path):
+    """Offline, by name: the card test set regenerated from the seed the card names, scored as the card was."""
+    from conftest import load_benchmark
+
+    card_benchmark = load_benchmark("shipped_card")
+    expected = shipped.card(SHIPPED)["card_test"]["figures"]
+    manifest = card_benchmark.card_test_set(SHIPPED, tmp_path / "card-test", num_workers=2, progress=False)
+    figures = card_benchmark.measure(SHIPPED, manifest, progress=False)
+    assert figures["slices"] == expected["slices"] and figures["lesion_slices"] == expected["lesion_slices"]
+    assert figures["auroc"] == pytest.approx(expected["auroc"], abs=0.005)
+    for name in ("pointing", "pixel_auroc", "dice"):
+        assert figures[name] == pytest.approx(expected[name], abs=0.02), name

@@ -81,7 +81,7 @@ def test_tiny_run_trains_every_kind_of_row_and_writes_its_table(sd, tmp_path):
     torch.save(vit.state_dict(), pretrained)  # a timm state dict of the pretraining architecture
     out = tmp_path / "table.md"
     args = ["--root", str(tmp_path / "heldout"), "--patients", "6", "--slices-per-patient", "3", "--epochs", "1"]
-    sd.main([*args, "--rows", "resnet18", "vit-ft-masks", "--pretrained", str(pretrained), "--out", str(out)])
+    sd.main([*args, "--rows", "resnet18", "vit-ft", "vit-ft-masks", "--pretrained", str(pretrained), "--out", str(out)])
     manifest = pd.read_csv(tmp_path / "heldout" / "manifest.csv")
     train_slices = int((manifest["split"] == "train").sum())
     rows = {r["name"]: r for r in json.loads(out.with_suffix(".json").read_text())["rows"]}
@@ -89,7 +89,9 @@ def test_tiny_run_trains_every_kind_of_row_and_writes_its_table(sd, tmp_path):
         "floor: global image statistics",
         "floor: windowed image",
         "floor: head mask",
+        "ceiling: perfect patch map",
         "ResNet-18, scratch",
+        "ViT, fine-tuned",
         "ViT, fine-tuned + masks",
     }
     assert rows["ResNet-18, scratch"]["map"] == "Grad-CAM" and rows["ViT, fine-tuned + masks"]["map"] == "rollout"
@@ -98,3 +100,8 @@ def test_tiny_run_trains_every_kind_of_row_and_writes_its_table(sd, tmp_path):
         assert 0.0 <= rows[name]["auroc_low"] <= rows[name]["auroc"] <= rows[name]["auroc_high"] <= 1.0
         assert rows[name]["images_seen"] == train_slices  # one epoch
     assert "| ResNet-18, scratch | 128 |" in out.read_text()
+    labels_only = pd.read_csv(tmp_path / "heldout" / "manifest_labels_only.csv")
+    assert "mask" not in labels_only and len(labels_only) == len(manifest)  # what the labels-only rows train on
+    ceiling = rows["ceiling: perfect patch map"]
+    assert ceiling["dice"] >= rows["floor: windowed image"]["dice"] and ceiling["pointing"] >= 0.5
+    assert {f"pointing_q{q}" for q in range(1, 5)} <= set(rows["ViT, fine-tuned"])

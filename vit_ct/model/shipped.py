@@ -79,10 +79,10 @@ def export(checkpoint_path: str | Path, name: str, fields: dict[str, Any], folde
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint or "hyper_parameters" not in checkpoint:
         raise ValueError(f"{checkpoint_path} is not a vit-ct checkpoint (no state_dict or hyper_parameters)")
     hparams = checkpoint["hyper_parameters"]
-    state = {
-        key.removeprefix("vit."): value.half().contiguous()
+    state = {  # float16 weights; integer buffers (batch norm's counts) as they are
+        key.removeprefix("vit."): (value.half() if value.is_floating_point() else value).contiguous()
         for key, value in checkpoint["state_dict"].items()
-        if key.startswith(("vit.", "patch_head.")) and value.is_floating_point()
+        if key.startswith(("vit.", "patch_head."))
     }
     document = {
         "name": PREFIX + name,

@@ -1,0 +1,108 @@
+"""The figures of a shipped model's card, measured again: its card test set regenerated from the seed the card names
+(scanner-randomised simulation, patients never in the pretraining), the weights loaded offline by name, every slice
+scored in fp32: AUROC, and the rollout against the lesion masks (pointing, in-head pixel AUROC, Dice and HD95 of the
+half-maximum region) beside the perfect patch map.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+from rich.progress import track
+from sklearn.metrics import roc_auc_score
+from torch.utils.data import DataLoader
+
+from vit_ct.data.manifest import read_manifest
+from vit_ct.data.slice_dataset import CTSliceDataset, collate
+from vit_ct.explain.localisation import LocalisationMetrics, localisation_maps, model_grid_spacing_mm
+from vit_ct.files import atomic_write
+from vit_ct.model import ViTClassifier, shipped
+from vit_ct.run.hardware import describe_machine
+from vit_ct.sim.pretraining import write_pretraining_set
+
+USAGE = """example (the card's figures; ~2 min on 2 CPU cores):
+  .venv/bin/python benchmarks/shipped_card.py vit-ct/headct-tiny-256 --root data/card-test
+
+The card's `card_test` names the set (patients, slices per patient, seed of vit_ct.sim.pretraining); every slice
+of it is scored, all splits. --write stores the figures in the card (after an export).
+"""
+FIGURES = ("auroc", "pointing", "pixel_auroc", "dice", "hd95_mm", "perfect_patch_dice", "slices", "lesion_slices")
+
+
+def card_test_set(tag: str, root: Path, *, num_workers: int = 1, progress: bool = True) -> Path:
+    """The card's test set under ``root`` (written once; the simulator continues an interrupted one)."""
+    spec = shipped.card(tag)["card_test"]
+    return write_pretraining_set(
+        root, n_patients=spec["patients"], slices_per_patient=spec["slices_per_patient"], seed=spec["seed"],
+        num_workers=num_workers, progress=progress,
+    )  # fmt: skip
+
+
+def measure(tag: str, manifest: Path, *, batch_size: int = 32, progress: bool = True) -> dict[str, float]:
+    """The card's figures of the shipped weights ``tag`` on every slice of ``manifest``, in fp32."""
+    model = ViTClassifier(pretrained=tag).eval()
+    contract = model.input_contract
+    table = read_manifest(manifest)
+    dataset = CTSliceDataset(table, windows=contract.windows, img_size=contract.img_size)
+    spacing = model_grid_spacing_mm(contract.img_size)
+    tolerance = model.hparams.localisation_tolerance_mm
+    rollout_metric, perfect_metric = (LocalisationMetrics(tolerance_mm=tolerance, pixel_spacing_mm=spacing)
+                                      for _ in range(2))  # fmt: skip
+    probs, labels = [], []
+    loader = DataLoader(dataset, batch_size=batch_size, collate_fn=collate)
+    for batch in track(loader, description="scoring the card test set", disable=not progress, transient=True):
+        with torch.no_grad():
+            logits, rollout = model.explain(batch["image"])
+        probs.append(model.probabilities(logits).float())
+        labels.append(batch["label"])
+        maps = localisation_maps(None, batch, rollout=rollout)
+        spacings = batch.get("pixel_spacing_mm")
+        for metric, source in ((rollout_metric, "rollout"), (perfect_metric, "perfect_patch")):
+            metric.update(maps[source], batch["mask"][:, 0], batch["head"][:, 0], known=batch["has_mask"],
+                          pixel_spacing_mm=spacings)  # fmt: skip
+    probs, labels = torch.cat(probs).numpy(), torch.cat(labels).numpy()
+    scores = {key: float(value) for key, value in rollout_metric.compute().items()}
+    return {
+        "auroc": float(roc_auc_score(labels, probs)),
+        **{key: scores[key] for key in ("pointing", "pixel_auroc", "dice", "hd95_mm")},
+        "perfect_patch_dice": float(perfect_metric.compute()["dice"]),
+        "slices": int(len(labels)),
+        "lesion_slices": int(scores["slices"]),
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    parser = argparse.ArgumentParser(
+        description=__doc__, epilog=USAGE, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("tag", nargs="?", default="vit-ct/headct-tiny-256", help="shipped weights (vit-ct/<name>)")
+    parser.add_argument("--root", type=Path, default=Path("data/card-test"), help="where the card test set is built")
+    parser.add_argument("--num-workers", type=int, default=1, help="processes of the simulator")
+    parser.add_argument("--write", action="store_true", help="store the figures in the card (card_test.figures)")
+    args = parser.parse_args(argv)
+    command = shlex.join(["python", "benchmarks/shipped_card.py", *(sys.argv[1:] if argv is None else argv)])
+    start = time.perf_counter()
+    torch.manual_seed(0)
+    manifest = card_test_set(args.tag, args.root, num_workers=args.num_workers)
+    figures = measure(args.tag, manifest)
+    print(f"measured on {describe_machine()}, fp32, {torch.get_num_threads()} threads")
+    print(pd.Series(figures).to_string())
+    print(f"`{command}` ({time.perf_counter() - start:.0f} s)")
+    if args.write:
+        path = shipped.FOLDER / f"{args.tag.removeprefix(shipped.PREFIX)}.json"
+        card = json.loads(path.read_text())
+        card["card_test"]["figures"] = figures
+        with atomic_write(path) as tmp:
+            tmp.write_text(json.dumps(card, indent=2) + "\n")
+    return figures
+
+
+if __name__ == "__main__":
+    main()
