@@ -59,6 +59,9 @@ class CTSliceDataModule(SliceDataModule):
         num_workers: DataLoader worker processes.
         augment: Random flips, rotations, scaling, shifts, noise and contrast on the training split, applied to whole
             batches on the training device (:class:`~vit_ct.data.augment.BatchAugmentation`), after the cache.
+        scanner_augment: Also another scanner's reconstruction kernel, dose and HU calibration, in HU before the
+            windows (:class:`~vit_ct.data.scanner_augment.ScannerAugmentation`, MONAI's Gaussian filter), on the
+            training split: for CT from scanners the training set does not have.
         cache: ``true`` (or ``memory``): keep preprocessed slices in memory, read before the first epoch (fast
             epochs for sets that fit). Under DDP each rank caches only its shard of the evaluation splits, but the
             whole training split (its shards are dealt anew every epoch). ``disk``: store every slice once on the model
@@ -94,6 +97,7 @@ class CTSliceDataModule(SliceDataModule):
         batch_size: int = 32,
         num_workers: int = 2,
         augment: bool = True,
+        scanner_augment: bool = False,
         cache: bool | Literal["memory", "disk"] = True,
         cache_dir: str | None = None,
         split_fractions: tuple[float, float, float] = SPLIT_FRACTIONS,
@@ -107,7 +111,7 @@ class CTSliceDataModule(SliceDataModule):
         read_options = {"modalities": None if modalities is None else tuple(modalities),
                         "stored_values_are_hu": stored_values_are_hu}  # fmt: skip
         super().__init__(windows=windows, img_size=img_size, batch_size=batch_size, num_workers=num_workers,
-                         augment=augment, read_options=read_options)  # fmt: skip
+                         augment=augment, read_options=read_options, scanner_augment=scanner_augment)  # fmt: skip
         if manifest is not None and scans:
             raise ValueError("give data.manifest or data.scans, not both")
         self.manifest = manifest
@@ -269,6 +273,7 @@ class CTSliceDataModule(SliceDataModule):
                 cache=self.cache == "memory",
                 read_options=self.read_options,
                 store=self.slice_cache,
+                hu_items=self.scanner_augment and split == "train",  # windowed after the augmentation in HU
             )
             indices, ranks = None, self._ranks()
             if split != "train" and ranks.get("num_replicas", 1) > 1:

@@ -20,7 +20,7 @@ def lesion_labels(table: pd.DataFrame, label_columns: Sequence[str] | None = Non
         label_columns: the multi-label columns; None reads ``label``.
     """
     if label_columns:
-        labels = table[list(label_columns)].to_numpy(dtype=float)  # NaN where missing
+        labels = table[list(label_columns)].to_numpy(dtype=float, na_value=np.nan)  # NaN where missing (pandas 2.0)
         positive = (labels == 1).any(axis=1)
         known = positive | ~np.isnan(labels).any(axis=1)
     elif "label" in table.columns:

@@ -45,18 +45,19 @@ def slice_item(
     *,
     label: torch.Tensor,
     index: int,
-    windows: Sequence[tuple[float, float]],
+    windows: Sequence[tuple[float, float]] | None,
     img_size: int,
     pixel_spacing_mm: tuple[float, float] | None = None,
 ) -> dict:
-    """One slice as a :class:`CTBatch` item (all keys but ``valid``) on the model grid.
+    """One slice as a :class:`CTBatch` item (all keys but ``valid``) on the model grid; with ``windows`` None, its HU
+    (``hu``, windowed where the batch lands: :func:`~vit_ct.data.model_input.apply_windows`).
 
     Args:
         hu: Slice ``(rows, cols)`` in HU.
         mask: Lesion mask ``(rows, cols)``, 0/1; None when unknown (an empty mask, ``has_mask`` False).
         label: Class, or 0/1 per label for multi-label data.
         index: Row of the split's table.
-        windows: HU windows, one channel each.
+        windows: HU windows, one channel each; None: not yet.
         img_size: Side of the model input.
         pixel_spacing_mm: The source slice's (row, column) spacing in mm; None when unknown.
     """
@@ -70,7 +71,7 @@ def slice_item(
         "source_shape": torch.tensor([rows, cols]),
         "pixel_spacing_mm": torch.tensor(model_grid_spacing(pixel_spacing_mm, (rows, cols), img_size)),
     }
-    return apply_windows(item, windows)
+    return item if windows is None else apply_windows(item, windows)
 
 
 def table_labels(table: pd.DataFrame, label_columns: Sequence[str] | None) -> torch.Tensor:
@@ -94,6 +95,7 @@ class CTSliceDataset(Dataset):
         store: Read the slices from this disk cache instead of their files (slot of each row in the table's
             ``cache_slot``); items then hold HU on the model grid, windowed later (``CTBatch``), but ``load`` still
             gives them windowed.
+        hu_items: Items from the files hold HU too, windowed where the batch lands (for augmentation in HU).
     """
 
     def __init__(
@@ -106,8 +108,10 @@ class CTSliceDataset(Dataset):
         cache: bool = False,
         read_options: dict | None = None,
         store: SliceCache | None = None,
+        hu_items: bool = False,
     ) -> None:
         self.table = table.reset_index(drop=True)
+        self.hu_items = hu_items
         self.read_options = dict(read_options or {})
         self.windows = list(windows)
         self.img_size = img_size
@@ -122,7 +126,8 @@ class CTSliceDataset(Dataset):
         return len(self.table)
 
     def load(self, index: int) -> dict:
-        """Windowed slice and mask of row ``index`` on the model grid, before augmentation."""
+        """Windowed slice and mask of row ``index`` on the model grid, before augmentation (in HU with
+        ``hu_items``)."""
         if self.store is not None:
             return apply_windows(self._stored_items([index])[0], self.windows)
         if self._cache is not None and index in self._cache:
@@ -133,8 +138,9 @@ class CTSliceDataset(Dataset):
         has_mask = isinstance(mask_path, str) and bool(mask_path)
         mask = load_mask(mask_path, frame=manifest_frame(row)) if has_mask else None
         spacing = read_pixel_spacing(row["image"], frame=manifest_frame(row))
+        windows = None if self.hu_items else self.windows
         item = slice_item(
-            hu, mask, label=self.labels[index].clone(), index=index, windows=self.windows, img_size=self.img_size,
+            hu, mask, label=self.labels[index].clone(), index=index, windows=windows, img_size=self.img_size,
             pixel_spacing_mm=spacing,
         )  # fmt: skip
         if self._cache is not None:

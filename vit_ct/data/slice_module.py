@@ -13,6 +13,7 @@ from vit_ct.data.augment import BatchAugmentation
 from vit_ct.data.contract import InputContract
 from vit_ct.data.distributed import MarkedPaddingSampler, global_seed
 from vit_ct.data.model_input import apply_windows
+from vit_ct.data.scanner_augment import ScannerAugmentation
 from vit_ct.data.slice_dataset import CTBatch
 from vit_ct.data.windows import parse_windows
 
@@ -35,12 +36,22 @@ class SliceDataModule(L.LightningDataModule):
         batch_size: Slices per batch (per device under DDP).
         num_workers: DataLoader worker processes.
         augment: Augment training batches where they land (:class:`~vit_ct.data.augment.BatchAugmentation`).
+        scanner_augment: Before the windows, another scanner's kernel, dose and HU calibration on training batches
+            (:class:`~vit_ct.data.scanner_augment.ScannerAugmentation`); the batches then travel in HU.
         read_options: Options of :func:`~vit_ct.data.reader.load_ct_slice` (``modalities``,
             ``stored_values_are_hu``), recorded in the input contract.
     """
 
     def __init__(
-        self, *, windows, img_size: int, batch_size: int, num_workers: int, augment: bool, read_options: dict
+        self,
+        *,
+        windows,
+        img_size: int,
+        batch_size: int,
+        num_workers: int,
+        augment: bool,
+        read_options: dict,
+        scanner_augment: bool = False,
     ) -> None:
         super().__init__()
         try:
@@ -58,6 +69,8 @@ class SliceDataModule(L.LightningDataModule):
         self.num_workers = num_workers
         self.augment = augment
         self.augmentation = BatchAugmentation()
+        self.scanner_augment = scanner_augment
+        self.scanner_augmentation = ScannerAugmentation()
         self.read_options = dict(read_options)
 
     @property
@@ -97,13 +110,18 @@ class SliceDataModule(L.LightningDataModule):
         """Window batches that arrive in HU (the disk cache's), then augment training batches where they are now
         (GPU or CPU), with a generator seeded by (seed, rank, batch number), so that a resumed run draws what the
         interrupted one would have drawn."""
-        if "hu" in batch:
-            batch = apply_windows(batch, self.windows)
         trainer = self.trainer
-        if not (self.augment and trainer is not None and trainer.training):
+        training = trainer is not None and trainer.training
+        generator = None
+        if training and (self.augment or self.scanner_augment):
+            number = trainer.fit_loop.epoch_loop.batch_progress.total.ready  # batches drawn before, checkpointed
+            state = np.random.SeedSequence([global_seed(), trainer.global_rank, number]).generate_state(2)
+            device = (batch["hu"] if "hu" in batch else batch["image"]).device
+            generator = torch.Generator(device=device).manual_seed(int(state[0]) << 32 | int(state[1]))
+        if "hu" in batch:
+            if training and self.scanner_augment:
+                batch = {**batch, "hu": self.scanner_augmentation(batch["hu"], generator)}
+            batch = apply_windows(batch, self.windows)
+        if not (training and self.augment):
             return batch
-        image = batch["image"]
-        number = trainer.fit_loop.epoch_loop.batch_progress.total.ready  # batches drawn before this one, checkpointed
-        state = np.random.SeedSequence([global_seed(), trainer.global_rank, number]).generate_state(2)
-        generator = torch.Generator(device=image.device).manual_seed(int(state[0]) << 32 | int(state[1]))
         return self.augmentation(batch, generator)
