@@ -20,6 +20,7 @@ from wandb_records import history_and_config
 
 from vit_ct import CTSliceDataModule, ViTClassifier, load_ct_slice
 from vit_ct.cli import main
+from vit_ct.explain.localisation import SCORES
 from vit_ct.run.hardware import auto_precision
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,7 +158,14 @@ def test_fit_then_predict_through_the_real_command(synthetic_set, tmp_path):
     assert list(table["image"]) == list(test_rows["image_ref"])
     assert list(table["label"]) == list(test_rows["label"])
     sink = ["rollout_air", "rollout_outside_head", "cls_prefix_b0", "cls_prefix_b1", "cls_air_b0", "cls_air_b1"]
-    assert list(table.columns) == ["image", "prob", "label", "rollout", "overlay", *sink]
+    scores = [f"{source}_{name}" for source in ("rollout", "perfect_patch") for name in SCORES]
+    where = ["scan", "mask"]  # the slice's scan (patient_id here) and mask, for a review of OUT without the model
+    assert list(table.columns) == ["image", "prob", "label", "rollout", "overlay", *where, *sink, *scores]
+    lesion = table["label"] == 1  # every synthetic positive has its mask: scored; negatives are not
+    assert table.loc[lesion, "rollout_dice"].between(0, 1).all() and table.loc[~lesion, "rollout_dice"].isna().all()
+    assert table.loc[lesion, "perfect_patch_hd95_mm"].ge(0).all()
+    info = json.loads((out / "run.json").read_text())
+    assert info["task"] == "binary" and Path(info["checkpoint"]) == best.resolve()
     # air (no pixel above -300 HU) is below both windows, so the model masks it as keys: no rollout, no attention
     assert (table["rollout_air"] == 0).all() and (table[["cls_air_b0", "cls_air_b1"]] == 0).all().all()
     assert ((table["cls_prefix_b0"] > 0) & (table["cls_prefix_b0"] < 1)).all()

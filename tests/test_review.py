@@ -5,6 +5,7 @@ figures, browser and export."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -312,3 +313,88 @@ def test_export_flagged(tiny, tmp_path):
     assert list(review.export_flagged(table, tmp_path / "f.csv", chosen)["image"]) == chosen
     with pytest.raises(ValueError, match="nope.dcm"):
         review.export_flagged(table, tmp_path / "f.csv", ["nope.dcm"])
+
+
+# --- a predict run, scan by scan, and the reviewer's verdicts ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def predict_run(tiny, synthetic_set, tmp_path_factory):
+    """``vit-ct predict``'s writer over the test split (2 scans of the synthetic set), opened without the model."""
+    model, _, _ = tiny
+    out = tmp_path_factory.mktemp("predict") / "out"
+    data = review.review_datamodule(model, synthetic_set, split="test", batch_size=3, config=WINDOWS)
+    trainer = Trainer(accelerator="cpu", logger=False, callbacks=[PredictionWriter(out)], enable_progress_bar=False,
+                      enable_model_summary=False)  # fmt: skip
+    trainer.predict(model, datamodule=data, return_predictions=False)
+    return review.open_predict_run(out)
+
+
+def test_a_predict_run_opens_without_the_model(tiny, predict_run):
+    _, _, table = tiny
+    slices = predict_run.slices
+    assert list(slices["image"]) == list(table["image"]) and Path(slices["image_path"].iloc[0]).is_file()
+    np.testing.assert_allclose(slices["p_lesion"], table["prob"], atol=1e-6)
+    assert predict_run.info["task"] == "binary" and predict_run.info["input"]["img_size"] == 32
+    row = slices.iloc[0]
+    hu, _ = predict_run.images(row)
+    assert predict_run.rollout(row).shape == hu.shape
+    for scan in slices["scan"].unique():
+        rows = predict_run.scan_slices(scan)
+        assert list(rows["order"]) == list(range(len(rows)))
+    with pytest.raises(ValueError, match="no predictions.csv"):
+        review.open_predict_run(predict_run.folder / "maps")
+
+
+def test_scan_view_marks_the_peak_and_headless_gives_each_scans_figure(predict_run):
+    from vit_ct.review.scan_view import peak_slice, scans_by_probability
+
+    scans = scans_by_probability(predict_run)
+    first = predict_run.scan_slices(scans[0])
+    assert first["p_lesion"].max() >= predict_run.scan_slices(scans[-1])["p_lesion"].max()
+    assert first["p_lesion"].iloc[peak_slice(first)] == first["p_lesion"].max()
+    figure = review.plot_scan(predict_run, scans[0], window="subdural", show_map=False)
+    assert isinstance(figure, Figure) and len(figure.axes) == 2
+    figures = review.scan_browser(predict_run, interactive=False)
+    assert len(figures) == len(scans) and all(isinstance(f, Figure) for f in figures)
+
+
+def test_a_verdict_click_reaches_the_csv_at_once_and_reopening_restores_it(predict_run, tmp_path):
+    path = tmp_path / "verdicts.csv"
+    browser = review.scan_browser(predict_run, review.Verdicts(path, "reader-1"), interactive=True)
+    controls = {getattr(w, "description", ""): w for box in browser.children for w in getattr(box, "children", [box])}
+    scan = controls["scan"].value
+    controls["map"].value = "near it"  # a click on a verdict button
+    assert pd.read_csv(path).set_index("case").loc[scan, "map"] == "near it"  # written at once
+    controls["label"].value = "disagree"
+    controls["note"].value = "bleed along the falx"
+    reopened = review.Verdicts(path, "reader-1")
+    assert reopened.get(scan)["map"] == "near it" and reopened.get(scan)["note"] == "bleed along the falx"
+    again = review.scan_browser(predict_run, reopened, interactive=True)
+    shown = {getattr(w, "description", ""): w for box in again.children for w in getattr(box, "children", [box])}
+    assert shown["map"].value == "near it" and shown["label"].value == "disagree"  # the earlier verdict, shown
+    with pytest.raises(ValueError, match="reader-1"):
+        review.Verdicts(path, "reader-2")  # one reviewer per file
+
+
+def test_verdict_summary_and_two_reviewers_by_hand(tmp_path):
+    a, b = review.Verdicts(tmp_path / "a.csv", "a"), review.Verdicts(tmp_path / "b.csv", "b")
+    for case, (map_a, label_a, map_b, label_b) in {
+        "s1": ("on the lesion", "agree", "on the lesion", "agree"),
+        "s2": ("near it", "agree", "on the lesion", "agree"),
+        "s3": ("elsewhere", "disagree", "elsewhere", "agree"),
+        "s4": ("no lesion visible", "agree", "no lesion visible", "agree"),
+    }.items():
+        a.record(case, map=map_a, label=label_a)
+        b.record(case, map=map_b, label=label_b)
+    summary = review.verdict_summary(a.frame)
+    assert summary["cases"] == 4 and summary["label_agreement"] == 0.75
+    assert summary["pointing"] == pytest.approx(1 / 3) and summary["pointing_near"] == pytest.approx(2 / 3)
+    assert summary["disputed"] == ["s3"]
+    compared = review.compare_reviewers(tmp_path / "a.csv", tmp_path / "b.csv")
+    assert compared.loc["map", "agreement"] == 0.75 and compared.loc["map", "differ"] == ["s2"]
+    # kappa by hand: observed 3/4; chance sum over categories of p_a * p_b = (1/4)(2/4) + (1/4)(0) + (1/4)(1/4) * 2
+    assert compared.loc["map", "kappa"] == pytest.approx((0.75 - 0.25) / (1 - 0.25))
+    assert compared.loc["label", "agreement"] == 0.75
+    with pytest.raises(ValueError, match="map verdict"):
+        a.record("s5", map="maybe")

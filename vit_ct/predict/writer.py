@@ -5,6 +5,7 @@ a fresh hidden folder beside ``OUT`` and replace ``OUT`` only once complete.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -21,6 +22,7 @@ from vit_ct.data.manifest import manifest_frame
 from vit_ct.data.reader import load_ct_slice, load_mask
 from vit_ct.explain.overlay import render_overlay, save_png
 from vit_ct.files import atomic_write, remove_leftovers
+from vit_ct.metrics.scans import scan_column
 from vit_ct.run.interrupts import deferred_interrupts
 
 
@@ -46,6 +48,22 @@ def sink_columns(prediction: dict, i: int) -> dict[str, float]:
         if name in prediction:
             columns.update({f"{name}_b{b}": float(v) for b, v in enumerate(prediction[name][i].tolist())})
     return columns
+
+
+def run_record(trainer, pl_module) -> dict:
+    """What ``OUT/run.json`` records: the checkpoint, how it saw its input, and where the slices' paths in
+    ``predictions.csv`` are relative to (the manifest's folder), so that a review opens ``OUT`` without the model."""
+    data = trainer.datamodule
+    manifest = getattr(data, "manifest", None)
+    return {
+        "checkpoint": str(Path(trainer.ckpt_path).resolve()) if trainer.ckpt_path else None,
+        "manifest": str(Path(manifest).resolve()) if manifest else None,
+        "images_relative_to": str(Path(manifest).resolve().parent) if manifest else None,
+        "scans": getattr(data, "scans", None),
+        "input": pl_module.input_contract.to_dict() if pl_module.input_contract is not None else None,
+        "task": pl_module.task,
+        "class_names": list(pl_module.class_names),
+    }
 
 
 def check_output_dir(output_dir: Path, *, overwrite: bool, inputs: Iterable[str | Path] = ()) -> None:
@@ -134,6 +152,7 @@ class PredictionWriter(BasePredictionWriter):
         dataset = trainer.predict_dataloaders.dataset
         table = dataset.table
         names = pl_module.class_names
+        scan_key = scan_column(table)
         for i, index in enumerate(prediction["index"].tolist()):
             row = table.iloc[index]
             rows, cols = batch["source_shape"][i].tolist()
@@ -157,6 +176,12 @@ class PredictionWriter(BasePredictionWriter):
             elif "label" in row and not pd.isna(row["label"]):
                 record["label"] = int(row["label"])
             record.update({"rollout": map_path.as_posix(), "overlay": overlay_path.as_posix()})
+            if scan_key is not None:  # where the slice belongs, for a review of OUT without the model
+                record["scan"] = row[scan_key]
+            if manifest_frame(row) is not None:
+                record["slice"] = manifest_frame(row)
+            if mask is not None:
+                record["mask"] = row.get("mask_ref", row["mask"])
             record.update(sink_columns(prediction, i))
             record.update({name: float(values[i]) for name, values in prediction.get("scores", {}).items()})
             self.rows.append(record)
@@ -173,6 +198,8 @@ class PredictionWriter(BasePredictionWriter):
             table = pd.concat(frames).drop_duplicates("index").sort_values("index").drop(columns="index")
             with atomic_write(self.output_dir / "predictions.csv") as tmp:
                 table.to_csv(tmp, index=False)
+            with atomic_write(self.output_dir / "run.json") as tmp:  # where the slices are: the review reads them
+                tmp.write_text(json.dumps(run_record(trainer, pl_module), indent=2) + "\n")
             for p in parts:
                 p.unlink()
         trainer.strategy.barrier()

@@ -13,6 +13,8 @@ from vit_ct.review.loading import (
     review_datamodule,
     run_config,
 )
+from vit_ct.review.predict_run import PredictRun, open_predict_run
+from vit_ct.review.scan_view import plot_scan, scan_browser
 from vit_ct.review.summaries import (
     GROUPS,
     calibration_bins,
@@ -28,23 +30,29 @@ from vit_ct.review.summaries import (
     summary_metrics,
 )
 from vit_ct.review.table import SCORES, case_images, outcome, run_review, source_map
+from vit_ct.review.verdicts import Verdicts, compare_reviewers, verdict_summary
 
 __all__ = [
     "CaseMaps",
     "GROUPS",
     "METHODS",
+    "PredictRun",
     "SCORES",
+    "Verdicts",
     "calibration_bins",
     "case_images",
     "case_maps",
+    "compare_reviewers",
     "confusion",
     "expected_calibration_error",
     "export_flagged",
     "gallery",
     "load_review",
     "localisation_summary",
+    "open_predict_run",
     "outcome",
     "pick_case",
+    "plot_scan",
     "project_path",
     "project_root",
     "resolve_checkpoint",
@@ -54,8 +62,10 @@ __all__ = [
     "roc_points",
     "run_config",
     "run_review",
+    "scan_browser",
     "scan_results",
     "sink_summary",
     "source_map",
     "summary_metrics",
+    "verdict_summary",
 ]
