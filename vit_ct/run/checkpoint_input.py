@@ -64,6 +64,13 @@ def follow_checkpoint(config: Namespace, subcommand: str, *, command_line: Seque
     path, checkpoint, kind = found
     contract = InputContract.from_checkpoint(checkpoint)
     lines = []
+    model = config.get("model")
+    if kind == "ckpt_path" and model is not None:  # start weights of a config (finetune.yaml's shipped ones) give way
+        for name in ("pretrained", "weights"):
+            if model.get(name):
+                lines.append(f"model.{name}: None (the checkpoint {path} holds the weights; the config said"
+                             f" {model.get(name)!r})")  # fmt: skip
+                model[name] = None
     if kind == "weights":
         hparams = checkpoint["hyper_parameters"]
         for name in ARCHITECTURE:
