@@ -69,7 +69,6 @@ def test_fit_from_shipped_weights_builds_their_network_and_follows_their_input(e
     assert any("model.depth: 2 (the network of the weights vit-ct/tiny" in r.getMessage() for r in caplog.records)
 
 
-
 def test_a_command_with_a_checkpoint_ignores_the_start_weights_its_config_names(exported, tmp_path, caplog):
     """configs/finetune.yaml names the shipped weights: predicting with a checkpoint of another network takes the
     checkpoint's network and weights, not the shipped ones."""
@@ -82,6 +81,7 @@ def test_a_command_with_a_checkpoint_ignores_the_start_weights_its_config_names(
                     "--ckpt_path", str(other), "--output_dir", str(tmp_path / "out")])  # fmt: skip
     assert len(cli.model.vit.blocks) == 1 and (tmp_path / "out" / "predictions.csv").is_file()
     assert any("model.pretrained: None (the checkpoint" in r.getMessage() for r in caplog.records)
+
 
 SHIPPED = "vit-ct/headct-tiny-256"
 
