@@ -47,7 +47,8 @@ def card_test_set(tag: str, root: Path, *, num_workers: int = 1, progress: bool 
 
 def measure(tag: str, manifest: Path, *, batch_size: int = 32, progress: bool = True) -> dict[str, float]:
     """The card's figures of the shipped weights ``tag`` on every slice of ``manifest``, in fp32."""
-    model = ViTClassifier(pretrained=tag).eval()
+    card_input = shipped.input_contract(tag)  # the network at the input size the weights were trained for
+    model = ViTClassifier(pretrained=tag, img_size=card_input.img_size, in_chans=card_input.in_chans).eval()
     contract = model.input_contract
     table = read_manifest(manifest)
     dataset = CTSliceDataset(table, windows=contract.windows, img_size=contract.img_size)

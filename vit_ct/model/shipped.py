@@ -94,6 +94,7 @@ def export(checkpoint_path: str | Path, name: str, fields: dict[str, Any], folde
         save_file(state, str(tmp), metadata={"format": "pt", "name": PREFIX + name})
     with atomic_write(folder / f"{name}.json") as tmp:
         tmp.write_text(json.dumps(document, indent=2) + "\n")
+    (folder / f"{name}.safetensors").chmod(0o644)  # package data: readable by every user of an installed copy
     return folder / f"{name}.json"
 
 
