@@ -84,7 +84,7 @@ def test_predict_refuses_a_used_output_folder_and_overwrite_keeps_nothing_of_the
     _predict(manifest, ckpt, out, "--data.init_args.predict_split", "test", "--overwrite", "true")
     table = pd.read_csv(out / "predictions.csv")
     assert len(table) == 2 and not table["image"].duplicated().any()
-    written = {"predictions.csv", "scans.csv", "maps", "overlays", *table["rollout"], *table["overlay"]}
+    written = {"predictions.csv", "run.json", "scans.csv", "maps", "overlays", *table["rollout"], *table["overlay"]}
     assert set(_files(out)) == written  # not one file of the first run survives beside the new ones
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]  # no partial folder left
 
@@ -300,7 +300,7 @@ def test_two_process_predict_writes_each_slice_once(data, tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     table = pd.read_csv(out / "predictions.csv")
     assert len(table) == 3 and not table["image"].duplicated().any()  # 3 slices on 2 ranks: one padded repeat
-    written = {"predictions.csv", "scans.csv", "maps", "overlays", *table["rollout"], *table["overlay"]}
+    written = {"predictions.csv", "run.json", "scans.csv", "maps", "overlays", *table["rollout"], *table["overlay"]}
     assert set(_files(out)) == written
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]
     run = _command(*args, "--data.init_args.predict_split", "test", "--overwrite", "true", cwd=tmp_path)
