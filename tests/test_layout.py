@@ -1,6 +1,6 @@
 """The package's layering, read from the imports (AST), and old ``class_path`` strings that saved configs still hold.
 
-Each room imports only the rooms below it: ``files`` nothing; ``data`` only ``files``; ``sim`` and ``explain`` only
+Each room imports only the rooms below it: ``files`` and ``progress`` nothing; ``data`` only ``files``; ``sim`` and ``explain`` only
 ``data`` (no model, no CLI); ``metrics`` those; ``model`` those; ``run`` those and ``sim``; ``predict`` and
 ``review`` those and ``run``; nothing imports the CLI but ``python -m vit_ct``; no import cycle anywhere.
 """
@@ -16,9 +16,10 @@ import yaml
 from vit_ct.cli import main
 
 PACKAGE = Path(__file__).resolve().parents[1] / "vit_ct"
-BASE = {"files"}
+BASE = {"files", "progress"}
 ALLOWED = {
     "files": set(),
+    "progress": set(),
     "data": {"data", *BASE},
     "sim": {"data", "sim", *BASE},
     "explain": {"data", "explain", *BASE},
@@ -122,9 +123,9 @@ def test_class_paths_of_earlier_releases_still_load(tmp_path, capsys, class_path
 
 def test_the_top_of_the_package_holds_only_its_entry_points():
     """A reader sees the architecture in ``ls vit_ct/``: rooms by role, and at the top only the public API, the
-    command and the file-writing base everything shares."""
+    command, and the bases everything shares: writing files, progress bars."""
     loose = sorted(p.name for p in PACKAGE.glob("*.py"))
-    assert loose == ["__init__.py", "__main__.py", "cli.py", "files.py"]
+    assert loose == ["__init__.py", "__main__.py", "cli.py", "files.py", "progress.py"]
     oversized = {
         str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py") if (n := len(p.read_text().splitlines())) > 400
     }

@@ -18,7 +18,7 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 import torch
-from rich.progress import MofNCompleteColumn, Progress
+from rich.progress import MofNCompleteColumn
 
 from vit_ct.data.check_record import CheckRecord, FileStat, ImageEntry, MaskEntry, stat_file
 from vit_ct.data.dicom import CT_MODALITIES
@@ -26,6 +26,7 @@ from vit_ct.data.duplicates import check_duplicate_images, file_digest
 from vit_ct.data.labels import lesion_rows
 from vit_ct.data.reader import load_ct_slice, load_mask, read_modality, read_pixel_spacing
 from vit_ct.data.slice_cache import SliceCache, SlotInfo, SlotKey
+from vit_ct.progress import Progress
 
 __all__ = ["BadFile", "validate_manifest_files", "write_bad_files"]
 

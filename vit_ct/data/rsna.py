@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pandas as pd
 import pydicom
-from rich.progress import MofNCompleteColumn, Progress
+from rich.progress import MofNCompleteColumn
+
+from vit_ct.progress import Progress
 
 # Column order of the manifest and of the model outputs.
 RSNA_LABELS = ("epidural", "intraparenchymal", "intraventricular", "subarachnoid", "subdural", "any")

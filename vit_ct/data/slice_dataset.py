@@ -10,7 +10,6 @@ from typing import Any, TypedDict
 import numpy as np
 import pandas as pd
 import torch
-from rich.progress import track
 from torch.utils.data import Dataset, default_collate
 
 from vit_ct.data.distributed import decode_index
@@ -18,6 +17,7 @@ from vit_ct.data.manifest import manifest_frame
 from vit_ct.data.model_input import apply_windows, grid_hu, grid_mask, model_grid_spacing
 from vit_ct.data.reader import load_ct_slice, load_mask, read_pixel_spacing
 from vit_ct.data.slice_cache import SliceCache
+from vit_ct.progress import track
 
 
 class CTBatch(TypedDict):

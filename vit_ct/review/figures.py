@@ -16,6 +16,7 @@ from vit_ct.data.windows import WINDOW_PRESETS, parse_windows
 from vit_ct.explain.overlay import render_overlay
 from vit_ct.files import atomic_write
 from vit_ct.model import ViTClassifier
+from vit_ct.progress import HEADLESS_ENV, headless_flag  # noqa: F401  (review.figures.HEADLESS_ENV, as before)
 from vit_ct.review.cases import METHODS, CaseMaps, case_maps
 from vit_ct.review.summaries import (
     GROUPS,
@@ -28,8 +29,6 @@ from vit_ct.review.summaries import (
     summary_metrics,
 )
 from vit_ct.review.table import case_images, source_map
-
-HEADLESS_ENV = "VIT_CT_HEADLESS"  # "1": static figures instead of widgets (set by `python -m vit_ct.review`)
 
 
 def _window(window) -> tuple[float, float]:
@@ -205,11 +204,9 @@ def is_headless() -> bool:
     """True when widgets cannot be used: ``VIT_CT_HEADLESS`` is 1/true (``0``/false forces widgets), or there is no
     Jupyter kernel (plain Python), or ipywidgets is missing. A kernel cannot see whether a frontend is attached,
     so runs without one (papermill, nbconvert) set the variable or the notebook's ``interactive = False``."""
-    flag = os.environ.get(HEADLESS_ENV, "").strip().lower()
-    if flag in ("1", "true", "yes"):
-        return True
-    if flag in ("0", "false", "no"):
-        return False
+    flag = headless_flag()
+    if flag is not None:
+        return flag
     try:
         import ipywidgets  # noqa: F401
         from IPython import get_ipython

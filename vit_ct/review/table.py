@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import torch
-from rich.progress import track
 
 from vit_ct.data.datamodule import CTSliceDataModule
 from vit_ct.data.grid import to_source_grid
@@ -16,6 +15,7 @@ from vit_ct.explain.localisation import MAP_SOURCES, SCORES, localisation_maps, 
 from vit_ct.explain.sink import sink_per_slice
 from vit_ct.metrics.scans import lesion_scores, scan_column
 from vit_ct.model import ViTClassifier
+from vit_ct.progress import track
 
 
 def run_review(

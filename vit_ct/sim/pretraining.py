@@ -24,10 +24,11 @@ from pathlib import Path
 import numpy as np
 import torch
 from filelock import FileLock, Timeout
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from vit_ct.data.splits import SPLIT_FRACTIONS
 from vit_ct.files import atomic_write
+from vit_ct.progress import Progress
 from vit_ct.sim.cohort import CohortConfig, simulate_cohort_patient
 from vit_ct.sim.synthetic import MANIFEST_COLUMNS, generator_description, split_patients, write_slices
 

@@ -15,13 +15,13 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 import torch
-from rich.progress import track
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
 from vit_ct.data.distributed import decode_index
 from vit_ct.data.slice_dataset import CTBatch, slice_item
 from vit_ct.data.slice_module import DEFAULT_IMG_SIZE, DEFAULT_WINDOWS, SliceDataModule, Window
 from vit_ct.data.windows import parse_windows
+from vit_ct.progress import track
 from vit_ct.sim.phantom import PhantomConfig, sample_head, simulate_slices
 from vit_ct.sim.projector import METHODS
 

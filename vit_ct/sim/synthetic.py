@@ -19,10 +19,11 @@ from filelock import FileLock
 from PIL import Image
 from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian, generate_uid
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 
 from vit_ct.data.datamodule import CTSliceDataModule
 from vit_ct.data.splits import SPLIT_FRACTIONS, SPLITS
+from vit_ct.progress import Progress
 from vit_ct.sim.anatomy import HEAD_HEIGHT_MM
 from vit_ct.sim.phantom import PhantomConfig, SimulatedSlice, sample_head, simulate_slices
 
