@@ -1,8 +1,9 @@
 """The package's layering, read from the imports (AST), and old ``class_path`` strings that saved configs still hold.
 
-Each room imports only the rooms below it: ``files`` and ``progress`` nothing; ``data`` only ``files``; ``sim`` and ``explain`` only
-``data`` (no model, no CLI); ``metrics`` those; ``model`` those; ``run`` those and ``sim``; ``predict`` and
-``review`` those and ``run``; nothing imports the CLI but ``python -m vit_ct``; no import cycle anywhere.
+Each room imports only the rooms below it: ``files`` and ``progress`` nothing; ``data`` only those; ``sim`` and
+``explain`` only ``data`` (no model, no CLI); ``metrics`` those; ``model`` those; ``run`` those and ``sim``;
+``predict`` and ``review`` those and ``run``; nothing imports the CLI but ``python -m vit_ct``; no import
+cycle anywhere.
 """
 
 from __future__ import annotations

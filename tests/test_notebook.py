@@ -100,3 +100,27 @@ def test_notebook_runs_headless_on_a_trained_checkpoint(synthetic_set, tmp_path,
 
     html, _ = HTMLExporter().from_notebook_node(executed)
     assert html.count("data:image/png;base64") >= len(FIGURES)
+
+
+def test_a_cell_past_its_timeout_stops_the_run_and_the_cells_before_it_are_kept(tmp_path, monkeypatch, capsys):
+    from nbclient.exceptions import CellTimeoutError, DeadKernelError
+
+    notebook = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("print('first cell done')"),
+        nbformat.v4.new_code_cell("import time\ntime.sleep(60)"),
+    ])  # fmt: skip
+    notebook.cells[0].metadata["tags"] = ["parameters"]
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(notebook, tmp_path / "slow.ipynb")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises((CellTimeoutError, DeadKernelError)):  # nbclient stops the kernel past the timeout
+        review_notebook.execute_notebook(tmp_path / "out", notebook=tmp_path / "slow.ipynb", cell_timeout=3)
+    executed = nbformat.read(tmp_path / "out" / "slow.ipynb", as_version=4)
+    assert "first cell done" in "".join(o.get("text", "") for o in executed.cells[0].outputs)
+
+    def stuck(*args, **kwargs):
+        raise CellTimeoutError("A cell timed out while it was being executed, after 3 seconds.")
+
+    monkeypatch.setattr(review_notebook, "execute_notebook", stuck)
+    with pytest.raises(SystemExit, match="ran longer than --cell_timeout 3 s.*cells before it are in"):
+        review_notebook.main(["--output_dir", "out", "--cell_timeout", "3"])

@@ -38,9 +38,16 @@ def _this_python_kernel() -> Iterator[str]:
                 os.environ["JUPYTER_PATH"] = previous
 
 
-def execute_notebook(output_dir: str | os.PathLike, parameters: dict | None = None, *, notebook=NOTEBOOK) -> Path:
+def execute_notebook(
+    output_dir: str | os.PathLike,
+    parameters: dict | None = None,
+    *,
+    notebook=NOTEBOOK,
+    cell_timeout: float | None = None,
+) -> Path:
     """Run the review notebook headless with papermill in the working folder; the executed notebook goes to
-    ``output_dir/attention_review.ipynb`` beside the figures and CSVs it exports. Returns its path."""
+    ``output_dir/attention_review.ipynb`` beside the figures and CSVs it exports (saved after every cell). Returns
+    its path. ``cell_timeout``: seconds one cell may run before the run stops with an error (default: no limit)."""
     import papermill
 
     output_dir = project_path(output_dir)
@@ -58,6 +65,7 @@ def execute_notebook(output_dir: str | os.PathLike, parameters: dict | None = No
                 kernel_name=kernel,
                 cwd=os.getcwd(),
                 progress_bar=False,
+                execution_timeout=cell_timeout,
             )
     finally:
         if previous is None:
@@ -75,8 +83,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--split", help="train, val or test (default: test)")
     parser.add_argument("--output_dir", default="outputs/review", help="figures, CSVs, executed notebook")
     parser.add_argument("--n_cases", type=int, help="cases per gallery group (default: 4)")
+    parser.add_argument("--cell_timeout", type=float, help="seconds a cell may run, then stop with an error (no limit)")
     args = vars(parser.parse_args(argv))
-    output_dir = args.pop("output_dir")
-    executed = execute_notebook(output_dir, {k: v for k, v in args.items() if v is not None})
+    output_dir, cell_timeout = args.pop("output_dir"), args.pop("cell_timeout")
+    parameters = {k: v for k, v in args.items() if v is not None}
+    from nbclient.exceptions import CellTimeoutError, DeadKernelError  # papermill's executor
+
+    try:
+        executed = execute_notebook(output_dir, parameters, cell_timeout=cell_timeout)
+    except (CellTimeoutError, DeadKernelError) as error:  # past --cell_timeout nbclient stops the kernel
+        limit = f"longer than --cell_timeout {cell_timeout:g} s" if cell_timeout else "until its kernel died"
+        done = project_path(output_dir) / NOTEBOOK.name
+        raise SystemExit(f"error: a review cell ran {limit} ({type(error).__name__}: {error}); the cells before it "
+                         f"are in {done}") from None  # fmt: skip
     print(f"review written to {executed.parent} (gallery.png, summary.png, case.png, flagged.csv, review.csv)")
     print(f"open it: {Path(sys.executable).with_name('jupyter')} lab {executed}")
