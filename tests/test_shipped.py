@@ -53,6 +53,9 @@ def test_shipped_weights_load_by_name_into_the_network_their_card_names(exported
     assert "pretrained" not in model.hparams  # a fine-tuned checkpoint loads without the shipped file
     state = load_file(str(shipped.weights_file("vit-ct/tiny")))
     torch.testing.assert_close(model.vit.blocks[0].mlp.fc1.weight, state["blocks.0.mlp.fc1.weight"].float())
+    with pytest.warns(UserWarning, match=r"trained on 1 windows at 32 x 32; built for 1 at 64 x 64, its position"):
+        resized = ViTClassifier(img_size=64, in_chans=1, pretrained="vit-ct/tiny")  # as ViTClassifier(192) would be
+    assert resized.input_contract != shipped.input_contract("vit-ct/tiny") and resized.input_contract.windows is None
     with pytest.raises(
         ValueError, match=r"vit-ct/nothing: no such weights ship with vit-ct; there are \['vit-ct/tiny'\]"
     ):

@@ -173,9 +173,7 @@ class ViTClassifier(L.LightningModule):
         if pretrained:
             load_state(self, pretrained_state_dict(pretrained), vit=self.vit, source=f"--model.pretrained {pretrained}")
             if shipped.is_shipped(pretrained):  # until it is trained on other data, it sees as the weights did
-                contract = shipped.input_contract(pretrained)
-                if (contract.img_size, contract.in_chans) == (img_size, in_chans):
-                    self.input_contract = contract
+                self.input_contract = shipped.built_for(pretrained, img_size, in_chans) or self.input_contract
 
     def configure_models(self) -> None:
         """The network (timm's ViT, conv stem or timm's patch embedding, air patches skipping the blocks) and the
