@@ -33,9 +33,9 @@ def test_in_a_kernel_the_advancing_thread_redraws_at_most_every_half_second(monk
         assert not bar.live.auto_refresh and bar.live._refresh_thread is None  # no thread of its own
         task = bar.add_task("work", total=40)
         before = len(calls)
-        for i in range(40):  # 40 advances 1/8 s apart: 5 s
+        for i in range(40):  # 40 advances 1/8 s apart: 5 s, half through advance, half through update
             now[0] = 100.0 + 0.125 * (i + 1)
-            bar.advance(task)
+            bar.advance(task) if i % 2 else bar.update(task, advance=1)
         assert bar.tasks[0].completed == 40
         drawn = len(calls) - before
     assert drawn == 10  # a redraw per 0.5 s, by the advancing thread

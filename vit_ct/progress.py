@@ -52,6 +52,11 @@ class Progress(rich.progress.Progress):
         if self._kernel:
             self.refresh()
 
+    def update(self, task_id: rich.progress.TaskID, **changes) -> None:
+        super().update(task_id, **changes)
+        if self._kernel:
+            self.refresh()
+
     def refresh(self) -> None:
         if self._kernel and time.monotonic() - self._drawn < KERNEL_REFRESH_S:
             return
