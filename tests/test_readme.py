@@ -17,7 +17,6 @@ from typing import NamedTuple
 
 import pandas as pd
 import pytest
-import yaml
 from conftest import ROOT, TINY_MODEL_ARGS, tiny_data_args
 from npy_manifest import write_npy_manifest
 
@@ -36,8 +35,6 @@ SKIPPED = {
 GPU_ONLY = "needs a GPU (--trainer.accelerator gpu)"
 HUB = "needs the network: a --model.pretrained tag's weights come from the Hugging Face hub (test_pretrained.py runs"
 HUB += " it offline)"
-SHIPPED_ABSENT = "needs the shipped weights, which a git checkout lacks (built by the recipe on their card; the"
-SHIPPED_ABSENT += " packaged weights run it)"
 
 # Small data and few steps, appended to a command (later arguments win), chosen by the configs it names; never the
 # input size (data.img_size), which stays what the configs and checkpoints resolve to.
@@ -94,11 +91,6 @@ def skip_reason(command: Command) -> str | None:
     tags = [b for a, b in zip(argv, argv[1:], strict=False) if a == "--model.pretrained"]
     if tags and tags[-1] not in ("null", "None") and not shipped.is_shipped(tags[-1]):  # shipped weights: offline
         return HUB
-    configs = [ROOT / b for a, b in zip(argv, argv[1:], strict=False) if a == "--config"]
-    named = [(yaml.safe_load(c.read_text()).get("model") or {}).get("pretrained") for c in configs if c.is_file()]
-    tag = tags[-1] if tags else next((t for t in reversed(named) if t), None)
-    if shipped.is_shipped(tag) and tag not in shipped.shipped_names() and "--ckpt_path" not in argv:
-        return SHIPPED_ABSENT
     return None
 
 
@@ -201,15 +193,11 @@ def test_readme_block_runs(block, tmp_path, synthetic_set):
     user_files(tmp_path, synthetic_set)
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1"}
     env.pop("WANDB_SERVICE", None)
-    ran, skipped_fit = [], None
+    ran = []
     for command in block:
         reason = skip_reason(command)
-        if reason is None and skipped_fit and any("CKPT" in a for a in command.argv):
-            reason = f"needs CKPT, the checkpoint of this block's fit, which was skipped ({skipped_fit})"
         if reason is not None:
             print(f"skipped, {reason}: {command}")
-            if command.argv[1:2] == ["fit"] and not any(c.argv[1:2] == ["fit"] for c in ran):
-                skipped_fit = reason
             continue
         argv = runnable(command, synthetic_set)
         result = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)

@@ -45,13 +45,7 @@ def card(tag: str) -> dict[str, Any]:
         ValueError: no such shipped weights (naming the ones there are).
     """
     path = FOLDER / f"{tag.removeprefix(PREFIX)}.json"
-    if is_shipped(tag) and path.is_file() and not path.with_suffix(".safetensors").is_file():
-        raise ValueError(
-            f"--model.pretrained {tag}: its card is here but not its weights ({path.with_suffix('.safetensors')}):"
-            " a git checkout holds no weights; build them with the recipe on the card (configs/pretrain.yaml, then"
-            f" python -m vit_ct.model.shipped export), or start elsewhere: --model.pretrained null --model.weights CKPT"
-        )
-    if not is_shipped(tag) or not path.is_file():
+    if not is_shipped(tag) or not path.is_file() or not path.with_suffix(".safetensors").is_file():
         raise ValueError(f"--model.pretrained {tag}: no such weights ship with vit-ct; there are {shipped_names()}")
     return json.loads(path.read_text())
 
