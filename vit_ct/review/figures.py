@@ -16,7 +16,7 @@ from vit_ct.data.windows import WINDOW_PRESETS, parse_windows
 from vit_ct.explain.overlay import render_overlay
 from vit_ct.files import atomic_write
 from vit_ct.model import ViTClassifier
-from vit_ct.progress import HEADLESS_ENV, headless_flag  # noqa: F401  (review.figures.HEADLESS_ENV, as before)
+from vit_ct.progress import HEADLESS_ENV, headless_flag, in_jupyter_kernel  # noqa: F401  (review.figures.HEADLESS_ENV, as before)
 from vit_ct.review.cases import METHODS, CaseMaps, case_maps
 from vit_ct.review.summaries import (
     GROUPS,
@@ -209,11 +209,9 @@ def is_headless() -> bool:
         return flag
     try:
         import ipywidgets  # noqa: F401
-        from IPython import get_ipython
     except ImportError:
         return True
-    shell = get_ipython()
-    return shell is None or not hasattr(shell, "kernel")
+    return not in_jupyter_kernel()
 
 
 def browse(
