@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -23,6 +24,14 @@ torch.set_num_threads(min(2, torch.get_num_threads()))
 # Overrides that shrink the demo config to seconds: a 2-block ViT at 32x32 on 64x64 slices.
 ROOT = Path(__file__).resolve().parents[1]
 TINY_MODEL_ARGS = ["--model.embed_dim", "32", "--model.depth", "2", "--model.num_heads", "2"]
+
+
+def run_vit_ct(*args: str, cwd: Path) -> None:
+    """The installed ``vit-ct`` command in ``cwd`` (W&B offline); fails the test with its output if it fails."""
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
+    command = [str(Path(sys.executable).with_name("vit-ct")), *args]
+    result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
 
 
 def load_benchmark(name: str):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import TINY_MODEL_ARGS, tiny_data_args
+from conftest import TINY_MODEL_ARGS, run_vit_ct, tiny_data_args
 
 from vit_ct import review
 from vit_ct.review import notebook as review_notebook
@@ -32,13 +32,6 @@ pytestmark = [
         not (CHROMIUM and CHROMEDRIVER), reason="needs Chromium and ChromeDriver (Debian: chromium chromium-driver)"
     ),
 ]
-
-
-def _vit_ct(*args: str, cwd: Path) -> None:
-    env = {**os.environ, "WANDB_MODE": "offline"}
-    command = [str(Path(sys.executable).with_name("vit-ct")), *args]
-    result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
 
 
 def _free_port() -> int:
@@ -65,10 +58,10 @@ def lab(synthetic_set, tmp_path):
 
     demo = str(ROOT / "configs" / "demo.yaml")
     data = tiny_data_args(synthetic_set)
-    _vit_ct("fit", "--config", demo, *data, *TINY_MODEL_ARGS, "--trainer.max_epochs", "1", "--test_after_fit",
+    run_vit_ct("fit", "--config", demo, *data, *TINY_MODEL_ARGS, "--trainer.max_epochs", "1", "--test_after_fit",
             "false", cwd=tmp_path)  # fmt: skip
     best = json.loads((tmp_path / "runs" / "latest" / "summary.json").read_text())["best_checkpoint"]
-    _vit_ct("predict", "--config", demo, *data, "--ckpt_path", best, "--data.init_args.predict_split", "test",
+    run_vit_ct("predict", "--config", demo, *data, "--ckpt_path", best, "--data.init_args.predict_split", "test",
             "--output_dir", "outputs/demo", cwd=tmp_path)  # fmt: skip
     parameters = {"manifest": str(synthetic_set), "n_cases": 1, "predict_output": "outputs/demo",
                   "reviewer": REVIEWER, "interactive": True}  # fmt: skip

@@ -6,14 +6,12 @@ from __future__ import annotations
 import ast
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import nbformat
 import pandas as pd
 import pytest
-from conftest import TINY_MODEL_ARGS, tiny_data_args
+from conftest import TINY_MODEL_ARGS, run_vit_ct, tiny_data_args
 from PIL import Image
 
 from vit_ct import review
@@ -56,20 +54,13 @@ def test_committed_notebook_is_clean_and_calls_only_the_package():
             assert not isinstance(node, ast.Import), "import from vit_ct"
 
 
-def _vit_ct(*args: str, cwd: Path) -> None:
-    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
-    command = [str(Path(sys.executable).with_name("vit-ct")), *args]
-    result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-
-
 @pytest.mark.slow
 def test_notebook_runs_headless_on_a_trained_checkpoint(synthetic_set, tmp_path, monkeypatch, capsys):
     from nbconvert import HTMLExporter
 
     demo = str(ROOT / "configs" / "demo.yaml")
     one_epoch = ["--trainer.max_epochs", "1", "--test_after_fit", "false"]
-    _vit_ct("fit", "--config", demo, *tiny_data_args(synthetic_set), *TINY_MODEL_ARGS, *one_epoch, cwd=tmp_path)
+    run_vit_ct("fit", "--config", demo, *tiny_data_args(synthetic_set), *TINY_MODEL_ARGS, *one_epoch, cwd=tmp_path)
     summary = json.loads((tmp_path / "runs" / "latest" / "summary.json").read_text())
 
     # As `python -m vit_ct.review` from the demo's folder: ckpt_path left to default to runs/latest's best.
