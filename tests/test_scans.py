@@ -112,6 +112,37 @@ def test_manifest_command_lists_every_slice_with_blank_labels(archive, tmp_path,
     assert missing.value.code == 2 and str(archive / "nope") in capsys.readouterr().err
 
 
+def test_linked_series_are_followed_once_and_loops_are_named(archive, tmp_path, capsys, monkeypatch):
+    """An archive assembled from links (its study folder linked in twice, one of its files linked beside it) is read as
+    its real files, each once, under the first path that reaches it; a link back to a folder above it and a link to
+    nothing are listed with their reason, in the printed summary and the skipped CSV."""
+    linked = tmp_path / "linked"
+    (linked / "sub").mkdir(parents=True)
+    (linked / "a").symlink_to(archive / "study", target_is_directory=True)
+    (linked / "b").symlink_to(archive / "study", target_is_directory=True)  # the same folder through another link
+    (linked / "c").symlink_to(sorted((archive / "study" / "series0").iterdir())[0])  # a file already under a/
+    (linked / "gone").symlink_to(tmp_path / "nothing")
+    (linked / "sub" / "up").symlink_to(linked, target_is_directory=True)  # a loop
+    scans, skipped = find_scans(linked)
+    real_scans, real_skipped = find_scans(archive)
+    assert [[os.path.realpath(p) for p in s.images] for s in scans] == [s.images for s in real_scans]
+    assert all(Path(p).is_relative_to(linked / "a") for s in scans for p in s.images)  # paths as the user sees them
+    reasons = {s.path: s.reason for s in skipped}
+    assert reasons.pop(str(linked / "sub" / "up")) == f"a link to {linked}, a folder that holds it: not followed (it" \
+        " would loop)"  # fmt: skip
+    assert reasons.pop(str(linked / "gone")) == f"a link to {tmp_path / 'nothing'}, which does not exist"
+    assert sorted((os.path.realpath(p), r) for p, r in reasons.items()) == sorted(
+        (s.path, s.reason) for s in real_skipped
+    )  # the archive's own non-CT files, each once
+
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "linked.csv"
+    main(["manifest", str(linked / "sub" / ".."), str(archive / "study" / "series0"), "--output", str(out)])
+    assert len(pd.read_csv(out)) == sum(len(s.images) for s in real_scans)  # the second path adds no file twice
+    listed = pd.read_csv(out.with_name("linked.skipped.csv"))
+    assert str(linked / "sub" / "up") in set(listed["path"]) and "it would loop" in capsys.readouterr().out
+
+
 def test_scans_refuse_training(archive, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError, match="vit-ct manifest"):

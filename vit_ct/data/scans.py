@@ -3,7 +3,8 @@ volumes, found without a manifest, their slices ordered along the slice normal, 
 
 Slices are grouped by SeriesInstanceUID and ordered by ImagePositionPatient projected on the normal of
 ImageOrientationPatient (never by file name or InstanceNumber). Objects that are not CT images (structured reports,
-presentation states, other modalities, localizers, files that are not DICOM) are skipped and listed.
+presentation states, other modalities, localizers, files that are not DICOM) are skipped and listed. Links to
+folders and files are followed, each file once; a link back to a folder above it is skipped and listed.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import pandas as pd
 import pydicom
 from pydicom.dataset import Dataset
 
+from vit_ct.data.archive_files import archive_files
 from vit_ct.data.dicom import pixel_spacing
 from vit_ct.data.reader import display_shape
 from vit_ct.files import atomic_write
@@ -258,15 +260,10 @@ def nifti_scan(path: str | os.PathLike) -> Scan:
 # ---------------------------------------------------------------------------------------------------- discovery
 
 
-def _files(root: Path) -> list[Path]:
-    if root.is_file():
-        return [root]
-    return sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith("."))  # no hidden files
-
-
 def find_scans(paths: list[str | os.PathLike] | str | os.PathLike) -> tuple[list[Scan], list[Skipped]]:
     """Every scan under ``paths``: DICOM folders (one series, or a tree of studies and series), DICOM files and
-    NIfTI volumes (``.nii``, ``.nii.gz``).
+    NIfTI volumes (``.nii``, ``.nii.gz``). Linked folders and files are followed, each file read once (a loop of
+    links is skipped and listed).
 
     Returns:
         The scans (DICOM series by SeriesInstanceUID, then NIfTI files, each in path order) and the files left out.
@@ -279,11 +276,14 @@ def find_scans(paths: list[str | os.PathLike] | str | os.PathLike) -> tuple[list
         raise ValueError("no scans given: name DICOM folders or NIfTI files")
     by_series: dict[str, list[_Slice]] = defaultdict(list)
     niftis, skipped = [], []
+    seen: set[tuple[int, int]] = set()  # files listed, across the given paths
     for given in paths:
         root = Path(os.path.abspath(Path(given).expanduser()))  # absolute and normalised, as a manifest's paths
         if not root.exists():
             raise ValueError(f"scan path {root} does not exist; expected a DICOM folder or a NIfTI file")
-        for path in _files(root):
+        files, problems = archive_files(root, seen)
+        skipped += [Skipped(path, reason) for path, reason in problems]
+        for path in files:
             if path.name.lower().endswith(NIFTI_SUFFIXES):
                 niftis.append(nifti_scan(path))
                 continue
