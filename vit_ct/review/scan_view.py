@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from vit_ct.data.windows import WINDOW_PRESETS
 from vit_ct.explain.overlay import render_overlay
@@ -51,6 +52,7 @@ def plot_scan(
     curve_ax.plot(peak + 1, probs[peak], marker="*", markersize=14, color="tab:red", linestyle="none", label="peak")
     curve_ax.axvline(position + 1, color="grey", linewidth=1)
     curve_ax.set(xlabel="slice along the scan", ylabel="P(lesion)", ylim=(-0.02, 1.02))
+    curve_ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # slices are whole: no tick at 1.5
     curve_ax.legend(loc="lower right", fontsize=8)
     return fig
 
