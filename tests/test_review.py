@@ -355,6 +355,7 @@ def test_scan_view_marks_the_peak_and_headless_gives_each_scans_figure(predict_r
     assert first["p_lesion"].iloc[peak_slice(first)] == first["p_lesion"].max()
     figure = review.plot_scan(predict_run, scans[0], window="subdural", show_map=False)
     assert isinstance(figure, Figure) and len(figure.axes) == 2
+    assert all(float(tick).is_integer() for tick in figure.axes[1].get_xticks())  # whole slices: no tick at 1.5
     figures = review.scan_browser(predict_run, interactive=False)
     assert len(figures) == len(scans) and all(isinstance(f, Figure) for f in figures)
 
