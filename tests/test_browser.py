@@ -150,7 +150,7 @@ def test_the_scan_view_draws_in_jupyterlab_and_a_verdict_click_reaches_the_csv(l
 
         scan = scans_by_probability(review.open_predict_run(folder / "outputs" / "demo"))[0]  # the view's first
         button.click()
-        verdicts = folder / "outputs" / "review" / f"verdicts-{REVIEWER}.csv"
+        verdicts = review.verdicts_path(folder / "outputs" / "review", REVIEWER)
 
         def recorded():
             if not verdicts.is_file():

@@ -378,24 +378,19 @@ def test_a_verdict_click_reaches_the_csv_at_once_and_reopening_restores_it(predi
         review.Verdicts(path, "reader-2")  # one reviewer per file
 
 
-def test_verdict_summary_and_two_reviewers_by_hand(tmp_path):
-    a, b = review.Verdicts(tmp_path / "a.csv", "a"), review.Verdicts(tmp_path / "b.csv", "b")
-    for case, (map_a, label_a, map_b, label_b) in {
-        "s1": ("on the lesion", "agree", "on the lesion", "agree"),
-        "s2": ("near it", "agree", "on the lesion", "agree"),
-        "s3": ("elsewhere", "disagree", "elsewhere", "agree"),
-        "s4": ("no lesion visible", "agree", "no lesion visible", "agree"),
-    }.items():
-        a.record(case, map=map_a, label=label_a)
-        b.record(case, map=map_b, label=label_b)
-    summary = review.verdict_summary(a.frame)
-    assert summary["cases"] == 4 and summary["label_agreement"] == 0.75
-    assert summary["pointing"] == pytest.approx(1 / 3) and summary["pointing_near"] == pytest.approx(2 / 3)
-    assert summary["disputed"] == ["s3"]
-    compared = review.compare_reviewers(tmp_path / "a.csv", tmp_path / "b.csv")
-    assert compared.loc["map", "agreement"] == 0.75 and compared.loc["map", "differ"] == ["s2"]
-    # kappa by hand: observed 3/4; chance sum over categories of p_a * p_b = (1/4)(2/4) + (1/4)(0) + (1/4)(1/4) * 2
-    assert compared.loc["map", "kappa"] == pytest.approx((0.75 - 0.25) / (1 - 0.25))
-    assert compared.loc["label", "agreement"] == 0.75
-    with pytest.raises(ValueError, match="map verdict"):
-        a.record("s5", map="maybe")
+def test_the_notebooks_scan_cell_keeps_a_reviewer_named_like_a_path_in_the_review_folder(predict_run, tmp_path):
+    """The notebook's own scan and verdicts cells, run as the kernel runs them, for the reviewer ``dr/smith``."""
+    notebook = json.loads((Path(__file__).parents[1] / "notebooks" / "attention_review.ipynb").read_text())
+    cells = {tag: "".join(c["source"]) for c in notebook["cells"] for tag in c["metadata"].get("tags", [])}
+    shown = []
+    namespace = {"review": review, "out": tmp_path / "review", "reviewer": "dr/smith", "interactive": True,
+                 "predict_output": str(predict_run.folder), "window": "brain",
+                 "display": lambda *x: shown.extend(x)}  # fmt: skip
+    exec(cells["scans"], namespace)
+    controls = {getattr(w, "description", ""): w for box in shown[0].children for w in getattr(box, "children", [box])}
+    controls["map"].value = "on the lesion"
+    written = review.verdicts_path(tmp_path / "review", "dr/smith")
+    assert [p for p in (tmp_path / "review").rglob("*") if not p.name.startswith(".")] == [written]
+    assert pd.read_csv(written)["reviewer"].tolist() == ["dr/smith"]
+    exec(cells["verdicts"], namespace)
+    assert shown[-1]["cases"] == 1 and shown[-1]["pointing"] == 1.0

@@ -30,7 +30,7 @@ from vit_ct.review.summaries import (
     summary_metrics,
 )
 from vit_ct.review.table import SCORES, case_images, outcome, run_review, source_map
-from vit_ct.review.verdicts import Verdicts, compare_reviewers, verdict_summary
+from vit_ct.review.verdicts import Verdicts, compare_reviewers, verdict_summary, verdicts_path
 
 __all__ = [
     "CaseMaps",
@@ -68,4 +68,5 @@ __all__ = [
     "source_map",
     "summary_metrics",
     "verdict_summary",
+    "verdicts_path",
 ]

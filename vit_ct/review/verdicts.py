@@ -1,72 +1,162 @@
 """What a reviewer concluded, case by case, kept in a CSV beside the review: is the map on the lesion, is the label
-right, a note. Every verdict is written at once (a kernel restart loses nothing; reopening shows the earlier ones),
+right, a note. Every verdict is written at once (a kernel restart loses nothing; reopening shows the earlier ones) and
+merged by case under a lock (several writers lose none of each other's), in a file named safely after the reviewer;
 summarised (agreement, reviewer-judged pointing, the cases in dispute) and compared between two reviewers.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
+from filelock import FileLock, Timeout
 
 from vit_ct.files import atomic_write
 
 MAP_VERDICTS = ("on the lesion", "near it", "elsewhere", "no lesion visible")
 LABEL_VERDICTS = ("agree", "disagree")
 COLUMNS = ("case", "reviewer", "map", "label", "note", "time")
+LOCK_TIMEOUT_S = 60.0  # a write holds the lock for milliseconds: a minute means a stopped writer
+_EXPECTED = (
+    f"expected a CSV in UTF-8 with a header row {', '.join(COLUMNS)} and a row per case, "
+    "a field holding a comma or a quote in double quotes"
+)
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")  # what a file name may not hold on any system, or may hide a folder
+
+
+def verdicts_path(folder: str | os.PathLike, reviewer: str) -> Path:
+    """The verdicts CSV of ``reviewer`` in ``folder``: ``verdicts-<reviewer>.csv`` where the name is a safe file name
+    (letters, digits, ``.``, ``_``, ``-``); otherwise every other character becomes ``_`` and a short hash of the name
+    is added (``dr/smith``: ``verdicts-dr_smith-<8 hex>.csv``), so the file lies in ``folder`` whatever the name
+    (``/``, ``..``) and two names never share a file. The CSV's ``reviewer`` column keeps the name as typed.
+
+    Raises:
+        ValueError: ``reviewer`` is empty or blank.
+    """
+    name = _checked_reviewer(reviewer)
+    slug = _UNSAFE.sub("_", name)[:64]  # bounded: a file name may have 255 bytes
+    if slug != name:
+        slug = f"{slug}-{hashlib.sha256(name.encode('utf-8')).hexdigest()[:8]}"
+    return Path(folder) / f"verdicts-{slug}.csv"
 
 
 class Verdicts:
-    """One reviewer's verdicts in ``path`` (created on the first verdict, read again when it exists).
+    """One reviewer's verdicts in ``path`` (created on the first verdict). Several writers may share the file (the
+    notebook cell run twice, two windows, two processes): each verdict is merged into what is on disk under a lock,
+    and every read sees the file as it is now.
 
     Args:
-        path: The CSV (``case``, ``reviewer``, ``map``, ``label``, ``note``, ``time``).
+        path: The CSV (``case``, ``reviewer``, ``map``, ``label``, ``note``, ``time``), e.g. :func:`verdicts_path`.
         reviewer: Who judges; a file holds one reviewer's verdicts.
     """
 
     def __init__(self, path: str | os.PathLike, reviewer: str) -> None:
         self.path = Path(path)
-        self.reviewer = reviewer
-        self.frame = read_verdicts(self.path) if self.path.is_file() else pd.DataFrame(columns=list(COLUMNS))
-        others = set(self.frame["reviewer"].dropna()) - {reviewer}
+        self.reviewer = _checked_reviewer(reviewer)
+        self._on_disk()  # a broken file, or another reviewer's, is refused now rather than at the first click
+
+    @property
+    def frame(self) -> pd.DataFrame:
+        """The verdicts on disk now, one row per case (see :func:`read_verdicts`)."""
+        return self._on_disk()
+
+    def _on_disk(self) -> pd.DataFrame:
+        try:
+            frame = read_verdicts(self.path)
+        except FileNotFoundError:
+            return pd.DataFrame(columns=list(COLUMNS))
+        others = set(frame["reviewer"].dropna()) - {self.reviewer}
         if others:
-            raise ValueError(f"{self.path} holds the verdicts of {sorted(others)}, not {reviewer!r}: one file each")
+            raise ValueError(
+                f"{self.path} holds the verdicts of {sorted(others)}, not {self.reviewer!r}: one file per reviewer "
+                "(review.verdicts_path)"
+            )
+        return frame
 
     def get(self, case: str) -> dict:
-        """The verdict on ``case`` (empty when there is none yet)."""
-        rows = self.frame[self.frame["case"] == str(case)]
+        """The verdict on ``case`` on disk now (empty when there is none yet)."""
+        frame = self._on_disk()
+        rows = frame[frame["case"] == str(case)]
         return {} if rows.empty else rows.iloc[-1].dropna().to_dict()
 
     def record(self, case: str, *, map: str | None = None, label: str | None = None, note: str | None = None):
-        """Set the map verdict, the label verdict and/or the note of ``case`` (what is not given stays), and write
-        the file at once (atomically: a crash leaves the previous file)."""
+        """Set the map verdict, the label verdict and/or the note of ``case`` and write the file at once.
+
+        Under an inter-process lock (``.<file>.lock`` beside it), the file is read again, this verdict merged in by
+        case (a field not given keeps its value on disk; what other writers recorded stays) and written atomically
+        and durably, so no writer loses another's verdicts and a crash leaves the previous file.
+        """
         if map is not None and map not in MAP_VERDICTS:
             raise ValueError(f"map verdict must be one of {MAP_VERDICTS}, got {map!r}")
         if label is not None and label not in LABEL_VERDICTS:
             raise ValueError(f"label verdict must be one of {LABEL_VERDICTS}, got {label!r}")
-        verdict = {"case": str(case), "reviewer": self.reviewer, **self.get(case)}
-        verdict.update({k: v for k, v in {"map": map, "label": label, "note": note}.items() if v is not None})
-        verdict["time"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        kept = self.frame[self.frame["case"] != str(case)]
-        self.frame = pd.concat([kept, pd.DataFrame([verdict], columns=list(COLUMNS))], ignore_index=True)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_write(self.path) as tmp:
-            self.frame.to_csv(tmp, index=False)
+        lock = self.path.with_name(f".{self.path.name}.lock")
+        try:
+            with FileLock(lock, timeout=LOCK_TIMEOUT_S):
+                frame = self._on_disk()
+                earlier = frame[frame["case"] == str(case)]
+                verdict = {"case": str(case), "reviewer": self.reviewer}
+                verdict.update({} if earlier.empty else earlier.iloc[-1].dropna().to_dict())
+                verdict.update({k: v for k, v in {"map": map, "label": label, "note": note}.items() if v is not None})
+                verdict["time"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+                kept = frame[frame["case"] != str(case)]
+                frame = pd.concat([kept, pd.DataFrame([verdict], columns=list(COLUMNS))], ignore_index=True)
+                with atomic_write(self.path, durable=True) as tmp:
+                    frame.to_csv(tmp, index=False)
+        except Timeout as error:
+            raise TimeoutError(
+                f"{self.path}: another writer has held {lock} for over {LOCK_TIMEOUT_S:.0f} s; the verdict on {case} "
+                "is not written: let that notebook or process finish (or stop it), then click again"
+            ) from error
 
 
 def read_verdicts(path: str | os.PathLike) -> pd.DataFrame:
-    """A verdicts CSV, checked: its columns, and only the verdicts :data:`MAP_VERDICTS` / :data:`LABEL_VERDICTS`."""
-    frame = pd.read_csv(path, dtype=str, keep_default_na=False).replace("", pd.NA)
-    missing = [c for c in COLUMNS if c not in frame]
+    """A verdicts CSV, checked, with one row per case.
+
+    Where a case has several rows (a verdict corrected by hand in a row added below), the later row in the file wins
+    whole, its empty fields included, and takes that later place; the ``time`` column plays no part. The file must
+    hold its columns, one reviewer, a case on every row, and only the verdicts :data:`MAP_VERDICTS` /
+    :data:`LABEL_VERDICTS`; a ``ValueError`` names the file and what was expected otherwise.
+    """
+    try:
+        rows = pd.read_csv(path, header=None, dtype=str, keep_default_na=False, encoding="utf-8-sig")
+    except pd.errors.EmptyDataError as error:
+        raise ValueError(f"{path} is empty: {_EXPECTED}") from error
+    except pd.errors.ParserError as error:  # read without a header, so that a row longer than the header is one
+        problem = str(error).strip().removeprefix("Error tokenizing data. C error: ")
+        raise ValueError(f"{path} is not a readable CSV ({problem}): {_EXPECTED}") from error
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path} is not UTF-8 text (byte {error.start}): {_EXPECTED}") from error
+    header = rows.iloc[0].tolist()
+    missing = [c for c in COLUMNS if c not in header]
     if missing:
-        raise ValueError(f"{path} is not a verdicts file: it lacks the columns {missing}")
+        raise ValueError(f"{path} is not a verdicts file: it lacks the columns {missing}; {_EXPECTED}")
+    doubled = sorted({c for c in header if header.count(c) > 1})
+    if doubled:
+        raise ValueError(f"{path} has the columns {doubled} twice; {_EXPECTED}")
+    frame = rows.iloc[1:].set_axis(header, axis=1).replace("", pd.NA).reset_index(drop=True)
     for column, allowed in (("map", MAP_VERDICTS), ("label", LABEL_VERDICTS)):
         bad = sorted(set(frame[column].dropna()) - set(allowed))
         if bad:
             raise ValueError(f"{path}: {column} verdicts {bad} are none of {allowed}")
-    return frame[list(COLUMNS)]
+    caseless = (frame.index[frame["case"].isna()] + 1).tolist()
+    if caseless:
+        raise ValueError(f"{path}: rows {caseless} (1 = the first below the header) have no case; each judges one")
+    reviewers = sorted(set(frame["reviewer"].dropna()))
+    if len(reviewers) > 1:
+        raise ValueError(f"{path} holds the verdicts of {reviewers}: one file per reviewer (review.verdicts_path)")
+    return frame[list(COLUMNS)].drop_duplicates("case", keep="last").reset_index(drop=True)
+
+
+def _checked_reviewer(reviewer: str) -> str:
+    if not isinstance(reviewer, str) or not reviewer.strip():
+        raise ValueError(f"reviewer must be a name (who judges), got {reviewer!r}")
+    return reviewer
 
 
 def verdict_summary(verdicts: pd.DataFrame) -> dict:
@@ -74,8 +164,10 @@ def verdict_summary(verdicts: pd.DataFrame) -> dict:
 
     ``pointing``: the share of cases whose map the reviewer placed on the lesion, among those where a lesion was
     visible (on / near / elsewhere); ``pointing_near``: on or near it. ``disputed``: the cases whose label the
-    reviewer disagrees with or whose map lies elsewhere.
+    reviewer disagrees with or whose map lies elsewhere. A case with several rows counts once, by its last row (the
+    rule of :func:`read_verdicts`).
     """
+    verdicts = verdicts.drop_duplicates("case", keep="last")
     judged_map = verdicts["map"].dropna()
     visible = judged_map[judged_map != "no lesion visible"]
     labels = verdicts["label"].dropna()
