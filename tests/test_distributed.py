@@ -99,11 +99,11 @@ def test_training_order_resumes_mid_epoch():
     batches = iter(interrupted)
     head = [next(batches).tolist(), next(batches).tolist()]
     state = interrupted.state_dict()
-    assert state == {"epoch": 2, "batches": 2}
+    assert state == {"epoch": 2, "batches": 2, "batch_size": 3, "num_replicas": 1}
     resumed = loader()
     resumed.load_state_dict(state)
     assert head + [b.tolist() for b in resumed] == uninterrupted
-    assert resumed.state_dict() == {"epoch": 2, "batches": 4}
+    assert resumed.state_dict() == {"epoch": 2, "batches": 4, "batch_size": 3, "num_replicas": 1}
     other_epoch = loader()
     other_epoch.sampler.set_epoch(3)
     assert [b.tolist() for b in other_epoch] != uninterrupted

@@ -79,9 +79,16 @@ class EpochShuffleSampler(DistributedSampler):
 class ResumableDataLoader(DataLoader):
     """A training DataLoader Lightning resumes mid-epoch (it saves and restores ``state_dict`` in checkpoints).
 
-    The state is the epoch and the batches handed out in it; a restored loader starts that epoch after those
-    batches, without reading them. Lightning builds no iterator ahead of the batch it trains on when the loader has
-    a length, so "handed out" equals "trained on" when a checkpoint is written.
+    The state is the epoch, the batches handed out in it, and the batch size and processes they were dealt at; a
+    restored loader starts that epoch after those batches, without reading them. Lightning builds no iterator ahead
+    of the batch it trains on when the loader has a length, so "handed out" equals "trained on" when a checkpoint is
+    written.
+
+    Another batch size (``--data.init_args.batch_size``) or number of processes is taken at an epoch's start only.
+    Lightning restores its own place in the epoch as a count of batches (the epoch loop's ``batch_progress``) and
+    ends the epoch when that count reaches the new loader's length: resumed mid-epoch at another size, its count and
+    the samples left could not agree (at a smaller size slices are trained twice and the epoch's validation is
+    skipped; at a larger one slices are never seen), so such a resume is refused, naming both sizes.
     """
 
     def __init__(self, dataset: Dataset, *, sampler: EpochShuffleSampler, **kwargs: Any) -> None:
@@ -100,12 +107,57 @@ class ResumableDataLoader(DataLoader):
             yield batch
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.sampler.epoch, "batches": self._served}
+        return {
+            "epoch": self.sampler.epoch,
+            "batches": self._served,
+            "batch_size": self.batch_size,
+            "num_replicas": self.sampler.num_replicas,
+        }
 
     def load_state_dict(self, state: dict[str, int]) -> None:
+        """Start at the saved place: after the batches served in the saved epoch, or at the next epoch's start when
+        the saved one was finished.
+
+        Raises:
+            ValueError: the batch size or the number of processes differs from the saved one, and Lightning would
+                continue counting the epoch in batches of the old size (see the class docstring).
+        """
         epoch, batches = int(state["epoch"]), int(state["batches"])
-        if batches >= len(self):  # saved at the end of an epoch: the next one starts from its beginning
+        # states written before these were saved: assumed unchanged, as they were then
+        size = int(state.get("batch_size", self.batch_size))
+        replicas = int(state.get("num_replicas", self.sampler.num_replicas))
+        changed = (size, replicas) != (self.batch_size, self.sampler.num_replicas)
+        finished = batches * size >= math.ceil(len(self.sampler.dataset) / replicas)  # the rank's samples, all served
+        if changed and not (finished and batches >= len(self)):  # Lightning's count would not be this run's
+            raise ValueError(_refusal(epoch, batches, finished, (size, replicas), self))
+        if finished:  # saved at the end of an epoch: the next one starts from its beginning
             epoch, batches = epoch + 1, 0
         # Lightning builds the first iterator before it calls set_epoch, and worker processes draw indices at once.
         self.sampler.set_epoch(epoch)
         self._resume_from = batches
+
+
+def _refusal(epoch: int, batches: int, finished: bool, saved: tuple[int, int], loader: ResumableDataLoader) -> str:
+    """Why a resume at another batch size or number of processes is refused, and what to do instead."""
+    size, replicas = saved
+    was, now = f"--data.init_args.batch_size {size}", f"--data.init_args.batch_size {loader.batch_size}"
+    if replicas != loader.sampler.num_replicas:
+        was += f" on {replicas} processes"
+        now += f" on {loader.sampler.num_replicas}"
+    if finished:  # saved at the last batch's end (a step checkpoint): any size whose epoch has no more batches fits
+        smallest = math.ceil(loader.sampler.num_samples / batches)
+        where = (
+            f"after the last of epoch {epoch}'s {batches} batches, and Lightning would count epoch {epoch + 1} from"
+            f" batch {batches} of this run's {len(loader)}, leaving slices of it unseen. Resume with"
+            f" --data.init_args.batch_size {smallest} or more here"
+        )
+    else:
+        where = (
+            f"after {batches} batches of epoch {epoch}, and Lightning counts its place in an epoch in batches: at"
+            f" another size the rest of the epoch would train slices twice or leave some unseen. Resume with {was}"
+        )
+    return (
+        f"cannot resume with {now}: the checkpoint was written with {was}, {where} (a last.ckpt written after an"
+        " epoch's validation resumes at any batch size), or start a new fit from the checkpoint's weights with"
+        " --model.weights CKPT"
+    )
