@@ -13,13 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from lightning.pytorch.utilities import rank_zero_warn
-
-from vit_ct.data.contract import InputContract
 from vit_ct.files import atomic_write
+
+if TYPE_CHECKING:  # imported where used: `python -m vit_ct.model.shipped list` reads JSON cards, without torch
+    from vit_ct.data.contract import InputContract
 
 PREFIX = "vit-ct/"
 FOLDER = Path(__file__).with_name("pretrained")
@@ -58,6 +57,8 @@ def weights_file(tag: str) -> Path:
 
 def input_contract(tag: str) -> InputContract:
     """How the shipped weights see their input (the card's ``input``)."""
+    from vit_ct.data.contract import InputContract
+
     return InputContract.from_dict(card(tag)["input"])
 
 
@@ -68,6 +69,8 @@ def built_for(tag: str, img_size: int, in_chans: int) -> InputContract | None:
     contract = input_contract(tag)
     if (contract.img_size, contract.in_chans) == (img_size, in_chans):
         return contract
+    from lightning.pytorch.utilities import rank_zero_warn
+
     rank_zero_warn(
         f"{tag} was trained on {contract.in_chans} windows at {contract.img_size} x {contract.img_size}; built for"
         f" {in_chans} at {img_size} x {img_size}, its position embeddings are resampled and its windows unknown"
@@ -89,7 +92,10 @@ def export(checkpoint_path: str | Path, name: str, fields: dict[str, Any], folde
         name: the name after ``vit-ct/``.
         fields: the card's own fields (``version``, ``licence``, ``data``, ``recipe``, ``figures``, ``not_for``...).
     """
+    import torch
     from safetensors.torch import save_file
+
+    from vit_ct.data.contract import InputContract
 
     checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=True)  # runs no code
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint or "hyper_parameters" not in checkpoint:
