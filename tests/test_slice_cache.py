@@ -18,6 +18,7 @@ from lightning.pytorch import Callback
 from npy_manifest import manifest_args, write_npy_manifest
 from pydicom.data import get_testdata_file
 
+from vit_ct.data import slice_dataset
 from vit_ct.data.check_record import CheckRecord
 from vit_ct.data.datamodule import CTSliceDataModule
 from vit_ct.data.manifest import manifest_frame, read_manifest, validate_manifest_files
@@ -126,6 +127,31 @@ def test_workers_share_the_cache_and_a_later_run_reads_nothing(tmp_path):
         assert torch.equal(single[key], workers[key]) or torch.allclose(single[key], workers[key], equal_nan=True)
 
 
+def test_the_in_memory_cache_is_filled_from_the_checks_reading_and_equals_the_files_exactly(tmp_path, monkeypatch):
+    """`cache: true`: the check reads each file once and stores its float32 grid HU; the in-memory cache is filled
+    from there (a later run reads no file), and its batches are the uncached path's to the bit."""
+    manifest = mixed_manifest(tmp_path / "data")
+    reads = []
+    real = slice_dataset.load_ct_slice
+    monkeypatch.setattr(slice_dataset, "load_ct_slice", lambda path, *a, **k: reads.append(path) or real(path, *a, **k))
+    first = data_module(manifest, True, tmp_path / "cache")
+    batch = val_batch(first)
+    assert reads == [] and first.check_record.added == 12 + 11 and first.slice_cache.written == 12
+    assert first.slice_cache.hu_file.name == "hu.f32" and "image" in next(iter(first.val_dataloader()))
+    uncached = data_module(manifest, False, tmp_path / "cache")
+    reference = val_batch(uncached)
+    assert len(reads) == 5  # the uncached loader reads its files
+    for key in reference:
+        assert torch.allclose(batch[key], reference[key], rtol=0, atol=0, equal_nan=True), key
+    later = data_module(manifest, True, tmp_path / "cache")
+    later.setup("fit")
+    assert len(reads) == 5 and later.check_record.added == 0 and later.slice_cache.written == 0
+    uncached.setup("fit")
+    for index in range(len(later.datasets["train"])):
+        item, expected = later.datasets["train"][index], uncached.datasets["train"][index]
+        assert all(torch.allclose(item[key], expected[key], rtol=0, atol=0, equal_nan=True) for key in expected), index
+
+
 def test_a_window_change_reuses_the_cache(tmp_path):
     manifest = mixed_manifest(tmp_path / "data")
     val_batch(data_module(manifest, "disk", tmp_path / "cache"))
@@ -161,7 +187,9 @@ def test_a_changed_file_rebuilds_its_slot_only_and_a_new_grid_a_cache_of_its_own
 
 _KILLED_WRITER = """
 import os, signal, sys
+import numpy as np
 from vit_ct.data import manifest_files
+from vit_ct.data import slice_dataset
 from vit_ct.data.check_record import CheckRecord
 from vit_ct.data.manifest import read_manifest, validate_manifest_files
 from vit_ct.data.slice_cache import SliceCache
@@ -172,10 +200,10 @@ real, writes = SliceCache.write, []
 def write(self, slot, mask_slot, hu, mask):
     writes.append(slot)
     if len(writes) == 5:
-        hu_map, _ = self._open(writable=True)
-        hu_map[slot, : self.img_size // 2] = 12345.0  # half a slice of garbage, then the process dies
+        garbage = np.full((self.img_size // 2, self.img_size), 12345.0, self.hu_dtype)
+        self._pwrite(self.hu_file, 2 * slot, garbage)  # half a slice of garbage, then the process dies
         os.kill(os.getpid(), signal.SIGKILL)
-    real(self, slot, mask_slot, hu, mask)
+    return real(self, slot, mask_slot, hu, mask)
 
 SliceCache.write = write
 folder = sys.argv[2]

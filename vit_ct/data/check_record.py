@@ -10,9 +10,12 @@ import math
 import os
 import sqlite3
 import stat
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
+
+from vit_ct.data.cache_folder import is_unreadable_database, remove_database, storage_errors
 
 RECORD_VERSION = 1  # bump when what the check accepts changes, so that older verdicts are not trusted
 _NO_FRAME = -1  # `frame=None` (a single-slice file) as stored
@@ -94,18 +97,37 @@ class CheckRecord:
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
         self.added = 0  # verdicts this object added: files read by this process's check
+        self._db: sqlite3.Connection | None = None
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path)
-            if self._db.execute("PRAGMA user_version").fetchone()[0] != RECORD_VERSION:
-                self._db.executescript(f"DROP TABLE IF EXISTS images; DROP TABLE IF EXISTS masks;{_SCHEMA}")
-                self._db.execute(f"PRAGMA user_version = {RECORD_VERSION}")
-                self._db.commit()
+            with storage_errors(self.path.parent):
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    self._open()
+                except sqlite3.DatabaseError as e:
+                    if not is_unreadable_database(e):
+                        raise
+                    # Derived data only: reading the files again gives it back.
+                    warnings.warn(
+                        f"{self.path} is not a readable SQLite file ({e}): it is rebuilt, so every file of the"
+                        " manifest is read again",
+                        UserWarning,
+                        stacklevel=2,
+                    )
+                    self.close()
+                    remove_database(self.path)
+                    self._open()
         except (OSError, sqlite3.Error) as e:
             raise ValueError(
                 f"cannot keep the check record {self.path} ({type(e).__name__}: {e}); choose a writable folder with"
                 " --data.init_args.cache_dir (or VIT_CT_CACHE_DIR)"
             ) from None
+
+    def _open(self) -> None:
+        self._db = sqlite3.connect(self.path)
+        if self._db.execute("PRAGMA user_version").fetchone()[0] != RECORD_VERSION:
+            self._db.executescript(f"DROP TABLE IF EXISTS images; DROP TABLE IF EXISTS masks;{_SCHEMA}")
+            self._db.execute(f"PRAGMA user_version = {RECORD_VERSION}")
+            self._db.commit()
 
     def images(self, read_options: dict) -> dict[tuple[str, int | None], ImageEntry]:
         """Every slice verdict reached with these read options, by (path, frame)."""
@@ -142,7 +164,7 @@ class CheckRecord:
         options = _options(read_options)
         images, masks = list(images), list(masks)
         self.added += len(images) + len(masks)
-        with self._db:
+        with storage_errors(self.path.parent), self._db:
             self._db.executemany(
                 "INSERT OR REPLACE INTO images VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
@@ -158,4 +180,6 @@ class CheckRecord:
             )  # fmt: skip
 
     def close(self) -> None:
-        self._db.close()
+        if self._db is not None:
+            self._db.close()
+            self._db = None

@@ -62,12 +62,13 @@ class CTSliceDataModule(SliceDataModule):
         scanner_augment: Also another scanner's reconstruction kernel, dose and HU calibration, in HU before the
             windows (:class:`~vit_ct.data.scanner_augment.ScannerAugmentation`, MONAI's Gaussian filter), on the
             training split: for CT from scanners the training set does not have.
-        cache: ``true`` (or ``memory``): keep preprocessed slices in memory, read before the first epoch (fast
+        cache: ``true`` (or ``memory``): keep preprocessed slices in memory, windowed before the first epoch (fast
             epochs for sets that fit). Under DDP each rank caches only its shard of the evaluation splits, but the
-            whole training split (its shards are dealt anew every epoch). ``disk``: store every slice once on the model
-            grid (float16 HU, windowed when a batch is read) in memory-mapped files under ``cache_dir``, shared by
-            every worker and rank, rebuilt only where files or the grid change (large sets: 128 KiB a slice at 256).
-            ``false``: read every file every epoch.
+            whole training split (its shards are dealt anew every epoch). They are filled from float32 HU on the
+            model grid that the pre-run check stores under ``cache_dir`` (256 KiB a slice at 256), so that a later
+            run reads no file. ``disk``: store every slice once on the model grid (float16 HU, windowed when a batch
+            is read) in memory-mapped files under ``cache_dir``, shared by every worker and rank, rebuilt only where
+            files or the grid change (large sets: 128 KiB a slice at 256). ``false``: read every file every epoch.
         cache_dir: Folder of the check record (every file's verdict, so later runs read no file again) and of the
             disk cache; None: ``$VIT_CT_CACHE_DIR``, else ``~/.cache/vit-ct``.
         split_fractions: Train/val/test fractions of patients for rows without a ``split``.
@@ -128,7 +129,7 @@ class CTSliceDataModule(SliceDataModule):
             raise ValueError(f"data.cache must be true, false, 'memory' or 'disk', got {cache!r}")
         self.cache = "memory" if cache is True else cache
         self.cache_dir = cache_dir
-        self.slice_cache: SliceCache | None = None  # with cache="disk", once the manifest is checked
+        self.slice_cache: SliceCache | None = None  # with a cache, once the manifest is checked
         self.check_record: CheckRecord | None = None  # the manifest's verdicts, once checked
         self.split_fractions = tuple(split_fractions)
         self.split_seed = split_seed
@@ -182,8 +183,11 @@ class CTSliceDataModule(SliceDataModule):
             lock.acquire()
         try:
             self.check_record = CheckRecord(folder / "checked.sqlite")
-            if self.cache == "disk":
-                self.slice_cache = SliceCache.for_grid(folder, img_size=self.img_size, read_options=self.read_options)
+            if self.cache:  # the in-memory cache is filled from exact (float32) HU, the disk cache's are float16
+                dtype = np.float16 if self.cache == "disk" else np.float32
+                self.slice_cache = SliceCache.for_grid(
+                    folder, img_size=self.img_size, read_options=self.read_options, hu_dtype=dtype
+                )
             try:
                 checked = validate_manifest_files(
                     table,

@@ -5,27 +5,27 @@ in a `CheckRecord` for later runs, and the same reading fills a `SliceCache`, so
 
 from __future__ import annotations
 
-import math
-import multiprocessing
+import contextlib
 import os
+import shutil
 import time
 import warnings
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
-import torch
 from rich.progress import MofNCompleteColumn
 
+from vit_ct.data.cache_folder import out_of_space_error, storage_errors
 from vit_ct.data.check_record import CheckRecord, FileStat, ImageEntry, MaskEntry, stat_file
+from vit_ct.data.check_workers import available_cpus, run_jobs
 from vit_ct.data.dicom import CT_MODALITIES
 from vit_ct.data.duplicates import check_duplicate_images, file_digest
 from vit_ct.data.labels import lesion_rows
 from vit_ct.data.reader import load_ct_slice, load_mask, read_modality, read_pixel_spacing
-from vit_ct.data.slice_cache import SliceCache, SlotInfo, SlotKey
+from vit_ct.data.slice_cache import START_SAMPLE, SliceCache, SlotInfo, SlotKey
 from vit_ct.progress import Progress
 
 __all__ = ["BadFile", "validate_manifest_files", "write_bad_files"]
@@ -103,50 +103,19 @@ def _row_problems(
     return []
 
 
-def _read_job(job: _Job, read: dict, cache: SliceCache | None) -> tuple[ImageEntry | None, MaskEntry | None, bool]:
-    """The fresh verdicts this job asked for (None where it did not) and whether its slice went into the cache."""
+def _read_job(
+    job: _Job, read: dict, cache: SliceCache | None
+) -> tuple[ImageEntry | None, MaskEntry | None, int | None]:
+    """The fresh verdicts this job asked for (None where it did not) and, when its slice went into the cache, the
+    slot's checksum (else None)."""
     image_entry = mask_entry = hu = lesion = None
     if job.check_image or job.slot >= 0:
         image_entry, hu = _read_image(job, read)
     if job.mask is not None and (job.check_mask or job.slot >= 0):
         mask_entry, lesion = _read_mask(job)
     usable = hu is not None and (job.mask is None or (lesion is not None and lesion.shape == hu.shape))
-    if job.slot >= 0 and usable:
-        cache.write(job.slot, job.mask_slot, hu, lesion)
-    return image_entry, mask_entry, job.slot >= 0 and usable
-
-
-_WORKER: dict = {}  # what the check's worker processes share: read options and the cache
-
-
-def _start_worker(read: dict, cache: SliceCache | None) -> None:
-    torch.set_num_threads(1)  # processes, not threads, share the cores (as DataLoader workers do)
-    _WORKER.update(read=read, cache=cache)
-
-
-def _read_jobs(jobs: list[_Job]) -> list[tuple[ImageEntry | None, MaskEntry | None, bool]]:
-    return [_read_job(job, _WORKER["read"], _WORKER["cache"]) for job in jobs]
-
-
-def _available_cpus() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def _run_jobs(jobs: list[_Job], read: dict, cache: SliceCache | None, workers: int):
-    """Yields (job, result) as the jobs finish: in this process for a few jobs, else in ``workers`` processes."""
-    if workers <= 1 or len(jobs) < 2 * workers:
-        for job in jobs:
-            yield job, _read_job(job, read, cache)
-        return
-    chunk = max(1, min(64, math.ceil(len(jobs) / (8 * workers))))  # fewer messages, but a bar that moves
-    chunks = [jobs[i : i + chunk] for i in range(0, len(jobs), chunk)]
-    # fork: no re-import of torch per worker (spawn where fork does not exist); the workers use one thread each
-    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    with ProcessPoolExecutor(
-        workers, mp_context=multiprocessing.get_context(method), initializer=_start_worker, initargs=(read, cache)
-    ) as pool:
-        for part, results in zip(chunks, pool.map(_read_jobs, chunks), strict=True):
-            yield from zip(part, results, strict=True)
+    checksum = cache.write(job.slot, job.mask_slot, hu, lesion) if job.slot >= 0 and usable else None
+    return image_entry, mask_entry, checksum
 
 
 def validate_manifest_files(
@@ -198,7 +167,7 @@ def validate_manifest_files(
         "stored_values_are_hu": stored_values_are_hu,
     }
     rows = _rows(df)
-    entries, slots = _check_files(rows, read, record, cache, workers or _available_cpus(), progress)
+    entries, slots = _check_files(rows, read, record, cache, workers or available_cpus(), progress)
     positive = lesion_rows(df, df.attrs.get("label_columns"))
     found: dict[int, list[tuple[str, str, str]]] = {}
     for i, ((image, _, mask), (image_entry, mask_entry)) in enumerate(zip(rows, entries, strict=True)):
@@ -265,10 +234,11 @@ def _check_files(
     to_cache = []
     if cache is not None:
         keys = [SlotKey(image, frame, stats[image], mask, stats.get(mask)) for image, frame, mask in distinct]
-        for row, key, slot in zip(distinct, keys, cache.lookup(keys), strict=True):
+        for row, key, slot in zip(distinct, keys, _cached_slots(cache, keys), strict=True):
             slot_of[row] = int(slot)
             if slot < 0 and _may_cache(key, images[row[:2]], masks.get((row[2], row[1]))):
                 to_cache.append((row, key))
+        _check_space(cache, [key for _, key in to_cache])
         new_slots, mask_slots = cache.allocate([key for _, key in to_cache])
         for (row, _), slot, mask_slot in zip(to_cache, new_slots, mask_slots, strict=True):
             jobs[row] = _job(row, stats, images, masks, int(slot), int(mask_slot))
@@ -288,11 +258,17 @@ def _check_files(
             done.clear()
 
     description = "Checking manifest files" + (" and caching slices" if to_cache else "")
-    with Progress(*Progress.get_default_columns(), MofNCompleteColumn(), disable=not progress or not jobs) as bar:
+    folder = cache.folder if cache is not None else record.path.parent if record is not None else Path.cwd()
+    with (
+        Progress(*Progress.get_default_columns(), MofNCompleteColumn(), disable=not progress or not jobs) as bar,
+        storage_errors(folder),  # a worker's write or a commit that finds the disk full
+    ):
         task = bar.add_task(description, total=len(jobs))
         last = time.monotonic()
         try:
-            for job, (image_entry, mask_entry, wrote) in _run_jobs(list(jobs.values()), read, cache, workers):
+            for job, (image_entry, mask_entry, checksum) in run_jobs(
+                list(jobs.values()), _read_job, (read, cache), workers
+            ):
                 row = (job.image, job.frame, job.mask)
                 if image_entry is not None:
                     images[row[:2]] = image_entry
@@ -302,17 +278,44 @@ def _check_files(
                     masks[(job.mask, job.frame)] = mask_entry
                     if job.mask_file is not None:
                         fresh_masks.append((job.mask, job.frame, mask_entry))
-                if wrote:
+                if checksum is not None:
                     slot_of[row] = job.slot
-                    written.append((job.slot, SlotInfo(image_entry.shape, image_entry.spacing_mm)))
+                    written.append((job.slot, SlotInfo(image_entry.shape, image_entry.spacing_mm, checksum)))
                 bar.advance(task)
                 if time.monotonic() - last > _COMMIT_SECONDS:
                     commit()
                     last = time.monotonic()
-        finally:
-            commit()
+        except BaseException:
+            with contextlib.suppress(Exception):  # keep what is done; the first error is the one to report
+                commit()
+            raise
+        commit()
     entries = [(images[(image, frame)], None if mask is None else masks[(mask, frame)]) for image, frame, mask in rows]
     return entries, np.array([slot_of[row] for row in rows], dtype=np.int64)
+
+
+def _cached_slots(cache: SliceCache, keys: list[SlotKey]) -> np.ndarray:
+    """`SliceCache.lookup`, after verifying a sample of the slots found (`SliceCache.verify`): slots whose bytes
+    changed are marked unfinished, so that this check rebuilds them."""
+    slots = cache.lookup(keys)
+    changed = cache.verify(slots, sample=START_SAMPLE)
+    if len(changed):
+        warnings.warn(
+            f"{cache.folder}: {len(changed)} cached slices no longer match their checksums (the cache's files were"
+            " changed after they were written); they are rebuilt from their source files",
+            UserWarning,
+            stacklevel=4,
+        )
+        cache.invalidate(changed)
+        slots = cache.lookup(keys)
+    return slots
+
+
+def _check_space(cache: SliceCache, keys: list[SlotKey]) -> None:
+    """Refuse before any file is read when the slices to cache cannot fit on the cache's disk."""
+    needed = sum(cache.slot_bytes + (cache.mask_slot_bytes if key.mask is not None else 0) for key in keys)
+    if needed and needed > shutil.disk_usage(cache.folder).free:
+        raise out_of_space_error(cache.folder, None, needed=needed)
 
 
 def _may_cache(key: SlotKey, image_entry: ImageEntry | None, mask_entry: MaskEntry | None) -> bool:

@@ -19,6 +19,8 @@ from vit_ct.data.reader import load_ct_slice, load_mask, read_pixel_spacing
 from vit_ct.data.slice_cache import SliceCache
 from vit_ct.progress import track
 
+_FILL_CHUNK = 256  # slices windowed at once when the in-memory cache is filled from the disk cache
+
 
 class CTBatch(TypedDict):
     """One batch. ``B`` slices, ``C`` windows, ``S`` = ``img_size``.
@@ -89,12 +91,13 @@ class CTSliceDataset(Dataset):
         windows: HU windows, one channel each.
         img_size: Side of the model input.
         label_columns: Multi-label columns; None reads ``label``.
-        cache: Keep every preprocessed slice in memory after the first read.
+        cache: Keep every preprocessed slice in memory after the first read (from ``store`` when given: its HU,
+            windowed once).
         read_options: Keyword arguments of :func:`~vit_ct.data.reader.load_ct_slice` (``modalities``,
             ``stored_values_are_hu``).
         store: Read the slices from this disk cache instead of their files (slot of each row in the table's
-            ``cache_slot``); items then hold HU on the model grid, windowed later (``CTBatch``), but ``load`` still
-            gives them windowed.
+            ``cache_slot``); without ``cache``, items then hold HU on the model grid, windowed later (``CTBatch``),
+            but ``load`` still gives them windowed.
         hu_items: Items from the files hold HU too, windowed where the batch lands (for augmentation in HU).
     """
 
@@ -117,10 +120,11 @@ class CTSliceDataset(Dataset):
         self.img_size = img_size
         self.label_columns = list(label_columns) if label_columns else None
         self.labels = table_labels(self.table, self.label_columns)
-        self.store = store
+        self.store = None if cache else store  # batches straight from the disk cache
+        self._source = store if cache else None  # what the in-memory cache is filled from
         # Workers index these arrays, never the table: its Python objects would be copied into every worker's memory.
         self.slots = self.table["cache_slot"].to_numpy(dtype=np.int64) if store is not None else None
-        self._cache: dict[int, dict] | None = {} if cache and store is None else None
+        self._cache: dict[int, dict] | None = {} if cache else None
 
     def __len__(self) -> int:
         return len(self.table)
@@ -132,6 +136,10 @@ class CTSliceDataset(Dataset):
             return apply_windows(self._stored_items([index])[0], self.windows)
         if self._cache is not None and index in self._cache:
             return self._cache[index]
+        if self._source is not None:
+            item = self._source_items([index])[0]
+            self._cache[index] = item
+            return item
         row = self.table.iloc[index]
         hu = load_ct_slice(row["image"], frame=manifest_frame(row), **self.read_options)
         mask_path = row.get("mask")
@@ -152,10 +160,30 @@ class CTSliceDataset(Dataset):
 
         Filled before the DataLoader starts its workers, so they share the cache instead of each filling its own.
         """
-        if self._cache is not None:
-            rows = range(len(self)) if indices is None else sorted(set(indices))
+        if self._cache is None:
+            return
+        rows = range(len(self)) if indices is None else sorted(set(indices))
+        if self._source is None:
             for index in track(rows, description=description, transient=True):
                 self.load(index)
+            return
+        rows = [index for index in rows if index not in self._cache]
+        for start in track(range(0, len(rows), _FILL_CHUNK), description=description, transient=True):
+            chunk = rows[start : start + _FILL_CHUNK]
+            self._cache.update(zip(chunk, self._source_items(chunk), strict=True))
+
+    def _source_items(self, rows: Sequence[int]) -> list[dict]:
+        """Items of ``rows`` from the store, as `slice_item` makes them from the files (the store holds the same
+        float32 HU on the model grid), windowed in one pass; views of one block per key, so that forked DataLoader
+        workers share the pages instead of copying an object per slice."""
+        rows = np.asarray(rows, dtype=np.int64)
+        batch = self._source.batch(self.slots[rows])
+        hu = batch["hu"].float()
+        mask = batch["mask"].float() if "mask" in batch else torch.zeros_like(hu)
+        batch.update(hu=hu, mask=mask, label=self.labels[rows], index=torch.from_numpy(rows))
+        if not self.hu_items:
+            batch = apply_windows(batch, self.windows)
+        return [{key: value[i] for key, value in batch.items()} for i in range(len(rows))]
 
     def _stored_items(self, sampled: Sequence[int]) -> CachedBatch:
         """Items of sampler indices from the disk cache, in one gather."""

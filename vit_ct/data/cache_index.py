@@ -1,0 +1,220 @@
+"""The index of a slice cache (``index.sqlite``): which files each slot was made from (path, size, modification
+time), whether its data is on disk, the source slice's shape and pixel spacing, and the checksum of its bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from vit_ct.data.cache_folder import is_unreadable_database, remove_database, storage_errors
+from vit_ct.data.check_record import FileStat
+
+CACHE_VERSION = 2  # bump when what a slot holds changes (resizing, padding, dtype, checksum): old slots are rebuilt
+_NO_FRAME = -1
+
+
+class SlotKey(NamedTuple):
+    """The files one cached slice is made from, as they were when it was made."""
+
+    image: str
+    frame: int | None
+    image_file: FileStat
+    mask: str | None
+    mask_file: FileStat | None
+
+
+class SlotInfo(NamedTuple):
+    """What a batch needs of a slot besides its pixels, and the checksum of its pixels."""
+
+    shape: tuple[int, int]  # rows, columns of the source slice
+    spacing_mm: tuple[float, float] | None  # of the source slice
+    checksum: int  # CRC-32 of the slot's HU bytes, continued over its mask's
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS slots (
+    slot INTEGER PRIMARY KEY, image TEXT, frame INTEGER, mask TEXT, image_size INTEGER, image_mtime_ns INTEGER,
+    mask_size INTEGER, mask_mtime_ns INTEGER, mask_slot INTEGER, rows INTEGER, cols INTEGER, spacing_rows REAL,
+    spacing_cols REAL, checksum INTEGER, done INTEGER, UNIQUE (image, frame, mask)
+);
+CREATE TABLE IF NOT EXISTS grid (img_size INTEGER, hu_dtype TEXT);
+CREATE TABLE IF NOT EXISTS suspect (slot INTEGER);
+"""  # suspect: slots a reader found changed; the next check then verifies every slot
+
+
+def _identity(key: SlotKey) -> tuple[str, int, str]:
+    return key.image, _NO_FRAME if key.frame is None else key.frame, key.mask or ""
+
+
+def _stored_key(key: SlotKey) -> tuple[int, int, int, int]:
+    mask = key.mask_file or FileStat(-1, -1)
+    return key.image_file.size, key.image_file.mtime_ns, mask.size, mask.mtime_ns
+
+
+class SlotIndex:
+    """The slots of one cache, as arrays indexed by slot (``done``, ``mask_slots``, ``shapes``, ``spacings``,
+    ``checksums``), kept in an SQLite file.
+
+    Args:
+        path: The index file (created when missing).
+        grid: ``(img_size, hu dtype name)``: an index made for another grid or dtype is emptied.
+        on_empty: Called when the index starts empty over old data (another grid, a version bump, a file that is not
+            a database): deletes the data files, whose bytes mean nothing without it.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, grid: tuple[int, str], on_empty: Callable[[], None]) -> None:
+        self.path = Path(path)
+        self.grid = grid
+        self._on_empty = on_empty
+        self._db: sqlite3.Connection | None = None
+        with storage_errors(self.path.parent):
+            try:
+                self._open()
+            except sqlite3.DatabaseError as e:
+                if not is_unreadable_database(e):
+                    raise
+                warnings.warn(
+                    f"{self.path} is not a readable SQLite index ({e}): the cache in {self.path.parent} is rebuilt"
+                    " from the source files",
+                    UserWarning,
+                    stacklevel=3,
+                )
+                self.close()
+                remove_database(self.path)
+                self._open()
+
+    def _connect(self) -> sqlite3.Connection:
+        if self._db is None:
+            self._db = sqlite3.connect(self.path)
+        return self._db
+
+    def _open(self) -> None:
+        db = self._connect()
+        same = db.execute("PRAGMA user_version").fetchone()[0] == CACHE_VERSION
+        if not same or db.execute("SELECT img_size, hu_dtype FROM grid").fetchone() not in (None, self.grid):
+            db.executescript("DROP TABLE IF EXISTS slots; DROP TABLE IF EXISTS grid; DROP TABLE IF EXISTS suspect;")
+            self._on_empty()
+        db.executescript(_SCHEMA)
+        with db:
+            db.execute(f"PRAGMA user_version = {CACHE_VERSION}")
+            if db.execute("SELECT img_size FROM grid").fetchone() is None:
+                db.execute("INSERT INTO grid VALUES (?, ?)", self.grid)
+        self.load()
+
+    def load(self) -> None:
+        """Read the slot table into the arrays, and the slots by identity."""
+        columns = (
+            "slot, image, frame, mask, image_size, image_mtime_ns, mask_size, mask_mtime_ns, mask_slot, rows, cols,"
+            " spacing_rows, spacing_cols, checksum, done"
+        )
+        rows = self._connect().execute(f"SELECT {columns} FROM slots").fetchall()
+        n = max((row[0] for row in rows), default=-1) + 1
+        self.done = np.zeros(n, dtype=bool)
+        self.mask_slots = np.full(n, -1, dtype=np.int64)
+        self.shapes = np.zeros((n, 2), dtype=np.int64)
+        self.spacings = np.full((n, 2), np.nan)
+        self.checksums = np.full(n, -1, dtype=np.int64)
+        self._by_identity: dict[tuple[str, int, str], tuple[int, tuple[int, int, int, int]]] = {}
+        for slot, image, frame, mask, *stored, mask_slot, r, c, sr, sc, checksum, done in rows:
+            self._by_identity[(image, frame, mask)] = (slot, tuple(stored))
+            self.done[slot], self.mask_slots[slot] = bool(done), mask_slot
+            self.shapes[slot] = (r or 0, c or 0)
+            self.spacings[slot] = (np.nan if sr is None else sr, np.nan if sc is None else sc)
+            self.checksums[slot] = -1 if checksum is None else checksum
+        self.n_mask_slots = int(self.mask_slots.max(initial=-1)) + 1
+
+    def lookup(self, keys: Sequence[SlotKey]) -> np.ndarray:
+        """The committed slot holding each key's slice as its files are now; -1 where there is none."""
+        slots = np.full(len(keys), -1, dtype=np.int64)
+        for i, key in enumerate(keys):
+            if key.image_file is None or (key.mask is not None and key.mask_file is None):
+                continue  # a file is missing or unreadable: nothing of it can be cached
+            found = self._by_identity.get(_identity(key))
+            if found is not None and found[1] == _stored_key(key) and self.done[found[0]]:
+                slots[i] = found[0]
+        return slots
+
+    def allocate(self, keys: Sequence[SlotKey]) -> tuple[np.ndarray, np.ndarray]:
+        """Slots (and mask slots, -1 without a mask) for these keys' slices, recorded unfinished: a key's own slot
+        when its files changed, else a new one after the last."""
+        slots = np.empty(len(keys), dtype=np.int64)
+        mask_slots = np.full(len(keys), -1, dtype=np.int64)
+        n_slots, n_masks = len(self.done), self.n_mask_slots
+        rows = []
+        for i, key in enumerate(keys):
+            identity = _identity(key)
+            found = self._by_identity.get(identity)
+            if found is None:
+                slot, n_slots = n_slots, n_slots + 1
+                mask_slot = -1
+            else:
+                slot = found[0]
+                mask_slot = int(self.mask_slots[slot]) if slot < len(self.mask_slots) else -1
+            if key.mask is not None and mask_slot < 0:
+                mask_slot, n_masks = n_masks, n_masks + 1
+            slots[i], mask_slots[i] = slot, mask_slot if key.mask is not None else -1
+            self._by_identity[identity] = (slot, _stored_key(key))
+            rows.append((slot, *identity, *_stored_key(key), int(mask_slots[i])))
+        with storage_errors(self.path.parent), self._connect() as db:
+            db.executemany(
+                "INSERT OR REPLACE INTO slots (slot, image, frame, mask, image_size, image_mtime_ns, mask_size,"
+                " mask_mtime_ns, mask_slot, done) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0)",
+                rows,
+            )
+        self.load()
+        return slots, mask_slots
+
+    def commit(self, written: Sequence[tuple[int, SlotInfo]]) -> None:
+        """Mark slots finished, with what a batch needs of them."""
+        with storage_errors(self.path.parent), self._connect() as db:
+            db.executemany(
+                "UPDATE slots SET rows = ?, cols = ?, spacing_rows = ?, spacing_cols = ?, checksum = ?, done = 1"
+                " WHERE slot = ?",
+                [(*info.shape, *(info.spacing_mm or (None, None)), info.checksum, slot) for slot, info in written],
+            )
+        for slot, info in written:
+            self.done[slot] = True
+            self.shapes[slot] = info.shape
+            self.spacings[slot] = info.spacing_mm or (np.nan, np.nan)
+            self.checksums[slot] = info.checksum
+
+    def invalidate(self, slots: Sequence[int], *, suspect: bool = False) -> None:
+        """Mark slots unfinished, so that the next check rebuilds them; ``suspect``: also have it verify every slot
+        (a reader found these changed, so others may be)."""
+        slots = [int(slot) for slot in slots]
+        with storage_errors(self.path.parent), self._connect() as db:
+            db.executemany("UPDATE slots SET done = 0 WHERE slot = ?", [(slot,) for slot in slots])
+            if suspect:
+                db.executemany("INSERT INTO suspect VALUES (?)", [(slot,) for slot in slots])
+        self.done[slots] = False
+
+    def suspects(self) -> bool:
+        """Whether a reader found changed slots since the last `clear_suspects`."""
+        return self._connect().execute("SELECT COUNT(*) FROM suspect").fetchone()[0] > 0
+
+    def clear_suspects(self) -> None:
+        with storage_errors(self.path.parent), self._connect() as db:
+            db.execute("DELETE FROM suspect")
+
+    def sources(self, slots: Sequence[int]) -> list[str]:
+        """The image (and frame) each slot was made from, for messages."""
+        found = []
+        for slot in slots:
+            row = self._connect().execute("SELECT image, frame FROM slots WHERE slot = ?", (int(slot),)).fetchone()
+            found.append("?" if row is None else row[0] + ("" if row[1] == _NO_FRAME else f" (slice {row[1]})"))
+        return found
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_db": None}  # each process connects on its own
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
