@@ -1,0 +1,108 @@
+"""BHSD (Wu et al., "BHSD: A 3D Multi-class Brain Hemorrhage Segmentation Dataset", MLMI 2023, arXiv:2308.11298):
+192 head CT volumes (NIfTI) with voxel masks of five bleed types, as a vit-ct manifest with slice labels and subtypes
+read from the masks, and binary masks.
+
+Layout (github.com/White65534/BHSD: README and ``dataset.json``; the archive ``label_192.zip`` on
+huggingface.co/datasets/WuBiao/BHSD as torch_em reads it, ``torch_em/data/datasets/medical/mbh_seg.py``):
+
+- ``label_192/images/NAME.nii.gz`` and ``label_192/ground truths/NAME.nii.gz`` (same name, same voxels). The
+  repository's ``dataset.json`` describes the paper's split as ``imagesTr/``, ``labelsTr/`` (96) and ``imagesTs/``,
+  ``labelsTs/`` (96); that layout is read too, and the folder goes to ``official_split`` (train / test).
+- Label values (``dataset.json``): 0 background, 1 epidural, 2 intraparenchymal, 3 intraventricular,
+  4 subarachnoid, 5 subdural.
+- NAME is ``ID_<8 hex>_ID_<10 hex>``: the volumes were rebuilt from RSNA 2019 DICOM; the two parts are RSNA's
+  PatientID and StudyInstanceUID, written here as ``patient_id`` and ``study_uid``, so a split by patient keeps BHSD
+  apart from the same patients' RSNA slices (do not test on BHSD what was trained on RSNA without that split).
+- Values are Hounsfield units as RSNA's DICOM rescale gives them (the paper windows -40..120 HU); slice spacing can be
+  uneven (issue White65534/BHSD#1).
+- The paper's other 2,000 scans "with slice-level annotations" are RSNA's own labels and have no published layout in
+  the BHSD release (issue White65534/BHSD#8, open): use RSNA 2019 (``--dataset rsna``) for them.
+
+Rules: ``label`` = 1 on a slice with any bleed voxel, each subtype column = 1 on a slice with a voxel of that value;
+a mask of more than one bleed value is written as a binary mask volume (bleed = 1) on the CT's affine beside the
+manifest (``<stem>_masks/<scan>.nii.gz``: vit-ct masks are binary), the types staying in the subtype columns; one of a
+single value (or none) is binary already and named where it lies. ``mask_pixels`` counts the slice's bleed voxels.
+
+Licence: CC BY-NC-ND 4.0 (the repository's README and ``license.png``; earlier README versions said MIT): no
+commercial use, no redistribution of modified data (the binary masks written here are for your own use).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pandas as pd
+
+from vit_ct.data.datasets.output import DatasetOutput
+from vit_ct.data.datasets.volumes import (
+    SUBTYPES,
+    Converted,
+    add_scan_labels,
+    check_choice,
+    labelled_rows,
+    pair_volumes,
+    safe_id,
+)
+from vit_ct.progress import track
+
+LAYOUT = "images/ and 'ground truths/' (label_192.zip), or imagesTr/, labelsTr/, imagesTs/, labelsTs/"
+CLASSES = {1: "epidural", 2: "intraparenchymal", 3: "intraventricular", 4: "subarachnoid", 5: "subdural"}
+RSNA_NAME = re.compile(r"^(ID_[0-9a-fA-F]+)_(ID_[0-9a-fA-F]+)$")  # <PatientID>_<StudyInstanceUID>
+assert set(CLASSES.values()) == set(SUBTYPES)
+
+
+def _folders(root: Path) -> list[tuple[Path, Path, str | None]]:
+    """(images, labels, official split) folders of the layouts above, under ``root`` or its one subfolder."""
+    for candidate in [root, *(c for c in sorted(root.iterdir()) if c.is_dir())]:
+        if (candidate / "images").is_dir() and (candidate / "ground truths").is_dir():
+            return [(candidate / "images", candidate / "ground truths", None)]
+        split = [
+            (candidate / images, candidate / labels, name)
+            for images, labels, name in (("imagesTr", "labelsTr", "train"), ("imagesTs", "labelsTs", "test"))
+            if (candidate / images).is_dir() and (candidate / labels).is_dir()
+        ]
+        if split:
+            return split
+    raise ValueError(f"BHSD: {root} holds none of the layouts; expected {LAYOUT} (in it or in one subfolder)")
+
+
+def convert(
+    root: Path, out: DatasetOutput, *, on_missing: str = "raise", scan_labels: bool = False, progress: bool = True
+) -> Converted:
+    """BHSD's 192 voxel-labelled volumes as a manifest (see the module).
+
+    Args:
+        root: the unpacked label_192 folder (or the folder holding it).
+        out: where the manifest and the binary masks go.
+        on_missing: "raise" when a CT has no label volume or a label volume no CT, "skip" to leave it out (noted).
+        scan_labels: also write ``scan_label`` and ``scan_<subtype>`` (a bleed of that type on any slice).
+        progress: show a progress bar.
+    """
+    check_choice(on_missing, "on_missing", ("raise", "skip"))
+    notes: list[str] = []
+    jobs = [
+        (pair, split)
+        for images, labels, split in _folders(root)
+        for pair in pair_volumes(images, labels, on_missing=on_missing, what="BHSD", notes=notes)
+    ]
+    tables = []
+    for pair, split in track(jobs, "BHSD volumes", disable=not progress):
+        match = RSNA_NAME.match(pair.stem)
+        scan_id = safe_id(pair.stem)
+        volume = labelled_rows(
+            pair, out, scan_id=scan_id, patient_id=match[1] if match else scan_id, classes=CLASSES, what="BHSD"
+        )
+        table = volume.table
+        table["study_uid"] = match[2] if match else None
+        if split is not None:
+            table["official_split"] = split
+        tables.append(table)
+    table = pd.concat(tables, ignore_index=True)
+    images = table.groupby("scan")["image"].nunique()
+    if (images > 1).any():
+        twice = sorted(images.index[images > 1])
+        raise ValueError(f"BHSD: volumes named alike in the train and test folders: {twice[:5]}; expected one of each")
+    if scan_labels:
+        table = add_scan_labels(table)
+    return Converted(table, notes)

@@ -1,0 +1,224 @@
+"""CT volumes with label volumes (NIfTI), as the mask datasets distribute them: a manifest row per slice, slice labels
+read from the label volume, and a binary mask on the CT's own grid.
+
+Every one of these datasets indexes its label volume voxel for voxel like the CT (same array shape; the dataset's own
+code never resamples), so a label volume is checked for shape and read as such; its affine only decides whether the
+file can be named as it is (binary and on the CT's affine) or is written again as a binary mask with the CT's affine,
+so that `load_mask` turns it to the screen exactly as `load_ct_slice` turns the CT.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+import nibabel as nib
+import numpy as np
+import pandas as pd
+
+from vit_ct.data.datasets.output import DatasetOutput
+from vit_ct.data.rsna import RSNA_LABELS
+from vit_ct.data.scans import nifti_scan, scan_table
+
+SUBTYPES = RSNA_LABELS[:5]  # epidural, intraparenchymal, intraventricular, subarachnoid, subdural: RSNA's names
+NIFTI_SUFFIXES = (".nii.gz", ".nii")
+AFFINE_TOLERANCE_MM = 1e-3  # float32 headers round-trip affines to about 1e-5 mm
+
+
+class Converted(NamedTuple):
+    """A converter's result: the manifest rows and what the user should know about them (one line each)."""
+
+    table: pd.DataFrame
+    notes: list[str]
+
+
+def check_choice(value: str, name: str, choices: Sequence[str]) -> str:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+    return value
+
+
+def dataset_folder(root: Path, entries: Sequence[str], what: str, layout: str) -> Path:
+    """``root`` when it holds every one of ``entries``, else its one subfolder that does (an archive's top folder).
+
+    Raises:
+        ValueError: naming ``root``, the entries missing and the ``layout`` expected.
+    """
+    if all((root / e).exists() for e in entries):
+        return root
+    below = [c for c in sorted(root.iterdir()) if c.is_dir() and all((c / e).exists() for e in entries)]
+    if len(below) == 1:
+        return below[0]
+    missing = [e for e in entries if not (root / e).exists()]
+    also = f" (nor does exactly one subfolder: {len(below)} do)" if below else ""
+    raise ValueError(f"{what}: {root} lacks {', '.join(missing)}{also}; expected {layout} in it or in one subfolder")
+
+
+def nifti_stem(path: Path) -> str | None:
+    """File name without .nii / .nii.gz, or None for a file that is not NIfTI."""
+    name = path.name
+    for suffix in NIFTI_SUFFIXES:
+        if name.lower().endswith(suffix) and not name.startswith("."):
+            return name[: -len(suffix)]
+    return None
+
+
+def nifti_files(folder: Path) -> dict[str, Path]:
+    """The NIfTI files of a folder by stem."""
+    return {stem: p for p in sorted(folder.iterdir()) if p.is_file() and (stem := nifti_stem(p)) is not None}
+
+
+def safe_id(text: str) -> str:
+    """A scan id usable as a file name."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text)
+
+
+def load_volume(path: Path, what: str) -> nib.Nifti1Image:
+    """A 3-D NIfTI image (trailing axes of length 1 dropped), header only."""
+    try:
+        img = nib.load(path)
+    except Exception as e:
+        raise ValueError(f"{what} {path}: not a readable NIfTI file ({type(e).__name__}: {e})") from None
+    shape = img.shape
+    while len(shape) > 3 and shape[-1] == 1:
+        shape = shape[:-1]
+    if len(shape) != 3:
+        raise ValueError(f"{what} {path} has shape {img.shape}; expected a 3-D volume (rows, columns, slices)")
+    return img
+
+
+def read_labels(img: nib.Nifti1Image, path: Path, ct: nib.Nifti1Image, ct_path: Path, what: str) -> np.ndarray:
+    """A label volume (`load_volume`) as int32 (rows, columns, slices), checked to be whole numbers >= 0 on the CT's
+    array shape."""
+    if img.shape[:3] != ct.shape[:3]:
+        raise ValueError(
+            f"{what} {path} has shape {img.shape[:3]} but its CT {ct_path} has {ct.shape[:3]}; expected the same"
+            " voxels, one label per CT voxel"
+        )
+    try:
+        data = np.asanyarray(img.dataobj).reshape(img.shape[:3])  # applies scl_slope / scl_inter
+    except Exception as e:
+        raise ValueError(f"{what} {path}: voxel data cannot be read ({type(e).__name__}: {e})") from None
+    if data.dtype.kind == "f" and (not np.isfinite(data).all() or (data != np.round(data)).any()):
+        raise ValueError(f"{what} {path} holds values that are not whole numbers; expected a label volume")
+    if data.min() < 0:
+        raise ValueError(f"{what} {path} holds negative values ({data.min():g}); expected labels 0 (none) or more")
+    return data.astype(np.int32)
+
+
+def same_grid(a: nib.Nifti1Image, b: nib.Nifti1Image) -> bool:
+    return bool(np.allclose(a.affine, b.affine, atol=AFFINE_TOLERANCE_MM))
+
+
+def volume_rows(
+    ct_path: Path, ct: nib.Nifti1Image, out: DatasetOutput, *, scan_id: str, patient_id: str
+) -> pd.DataFrame:
+    """One row per slice of a CT volume: ``image``, ``slice`` (index along the last axis), ``patient_id``, ``scan``,
+    ``scan_slice``, ``position_mm`` (along the slice normal, as `vit-ct manifest` writes them)."""
+    table = scan_table([nifti_scan(ct_path)]).drop(columns=["label", "study_uid", "series_uid"])
+    table["image"] = out.reference(ct_path)
+    table["scan"] = scan_id
+    table["patient_id"] = patient_id
+    if len(table) != ct.shape[2]:
+        raise AssertionError(f"{ct_path}: {len(table)} rows for {ct.shape[2]} slices")
+    return table
+
+
+def lesion_pixels(labels: np.ndarray, values: Sequence[int] | None = None) -> np.ndarray:
+    """Lesion voxels per slice, (slices,) int: non-zero voxels, or those holding one of ``values``."""
+    lesion = labels != 0 if values is None else np.isin(labels, values)
+    return lesion.sum(axis=(0, 1))
+
+
+class MaskReference(NamedTuple):
+    text: str  # the ``mask`` cell
+    rewritten: str | None  # why the mask was written again beside the manifest, None when the dataset's file is named
+
+
+def mask_reference(
+    mask_path: Path, mask: nib.Nifti1Image, labels: np.ndarray, ct: nib.Nifti1Image, out: DatasetOutput, scan_id: str
+) -> MaskReference:
+    """How the manifest names a binary mask of ``labels != 0``: the dataset's own file when `load_mask` reads it as
+    such (0 and one lesion value, on the CT's affine), else a binary volume written beside the manifest."""
+    values = np.unique(labels)
+    binary = len(values[values != 0]) <= 1
+    if binary and same_grid(mask, ct):
+        return MaskReference(out.reference(mask_path), None)
+    why = "labels other than 0 and one lesion value" if not binary else "an affine other than its CT's"
+    return MaskReference(out.write_mask(scan_id, labels != 0, ct.affine), why)
+
+
+def add_scan_labels(table: pd.DataFrame) -> pd.DataFrame:
+    """``scan_label`` and ``scan_<subtype>``: the largest slice label of each scan (a bleed anywhere in it)."""
+    for column in ("label", *SUBTYPES):
+        if column in table.columns:
+            name = "scan_label" if column == "label" else f"scan_{column}"
+            table[name] = table.groupby("scan")[column].transform("max").astype(int)
+    return table
+
+
+def count_note(count: int, text: str) -> list[str]:
+    return [f"{count} {text}"] if count else []
+
+
+class VolumePair(NamedTuple):
+    stem: str
+    image: Path
+    labels: Path
+
+
+def pair_volumes(images: Path, labels: Path, *, on_missing: str, what: str, notes: list[str]) -> list[VolumePair]:
+    """CT volumes and label volumes matched by file name (``NAME.nii.gz`` in both folders).
+
+    Raises:
+        ValueError: with ``on_missing="raise"``, naming the files that have no partner (else they are noted).
+    """
+    cts, masks = nifti_files(images), nifti_files(labels)
+    alone = [f"{cts[s]} (no {labels / s}.nii.gz)" for s in cts if s not in masks]
+    alone += [f"{masks[s]} (no {images / s}.nii.gz)" for s in masks if s not in cts]
+    if alone and on_missing == "raise":
+        shown = ", ".join(alone[:10]) + (" ..." if len(alone) > 10 else "")
+        raise ValueError(
+            f"{what}: {len(alone)} volume(s) without their partner: {shown}; expected a label volume of the same name"
+            " for each CT volume (on_missing='skip' leaves them out)"
+        )
+    notes += count_note(len(alone), f"volume(s) without their partner, left out: {', '.join(alone[:5])}")
+    pairs = [VolumePair(s, cts[s], masks[s]) for s in cts if s in masks]
+    if not pairs:
+        raise ValueError(f"{what}: no CT volume in {images} has a label volume in {labels} (NAME.nii.gz in both)")
+    return pairs
+
+
+class LabelledVolume(NamedTuple):
+    table: pd.DataFrame  # its manifest rows
+    mask: MaskReference
+
+
+def labelled_rows(
+    pair: VolumePair, out: DatasetOutput, *, scan_id: str, patient_id: str, classes: dict[int, str] | None, what: str
+) -> LabelledVolume:
+    """Rows of one CT volume labelled from its label volume: ``label`` (a bleed voxel in the slice), one 0/1 column
+    per class of ``classes`` (label value -> column name), ``mask`` (binary, see `mask_reference`), ``mask_pixels``.
+
+    Raises:
+        ValueError: a label value outside ``classes`` (with 0), naming the file.
+    """
+    ct = load_volume(pair.image, f"{what} CT")
+    mask = load_volume(pair.labels, f"{what} label volume")
+    labels = read_labels(mask, pair.labels, ct, pair.image, f"{what} label volume")
+    if classes is not None:
+        unknown = sorted(set(np.unique(labels).tolist()) - {0, *classes})
+        if unknown:
+            expected = ", ".join(f"{v} ({name})" for v, name in classes.items())
+            raise ValueError(f"{what} label volume {pair.labels} holds the values {unknown}; expected 0 or {expected}")
+    table = volume_rows(pair.image, ct, out, scan_id=scan_id, patient_id=patient_id)
+    pixels = lesion_pixels(labels)
+    table["label"] = (pixels > 0).astype(int)
+    for value, name in (classes or {}).items():
+        table[name] = (lesion_pixels(labels, [value]) > 0).astype(int)
+    reference = mask_reference(pair.labels, mask, labels, ct, out, scan_id)
+    table["mask"] = reference.text
+    table["mask_pixels"] = pixels
+    return LabelledVolume(table, reference)
