@@ -1,0 +1,177 @@
+"""CQ500 by name: a fixture in the archive's layout (``CQ500CT<N> CQ500CT<N>/Unknown Study/CT <series>/CT<6
+digits>.dcm``, real CT DICOM written by pydicom, several series per study, and reads.csv with its 43 columns),
+converted; the series chosen by the stated rule, the scan labels from two of three readers, slices ordered along the
+scan, all checked by hand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from pydicom.dataset import Dataset, FileMetaDataset
+from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian, generate_uid
+
+from vit_ct.data.datasets import write_dataset_manifest
+from vit_ct.data.manifest import read_manifest, validate_manifest_files
+from vit_ct.data.reader import load_ct_slice
+
+FINDINGS = ["ICH", "IPH", "IVH", "SDH", "EDH", "SAH", "BleedLocation-Left", "BleedLocation-Right", "ChronicBleed",
+            "Fracture", "CalvarialFracture", "OtherFracture", "MassEffect", "MidlineShift"]  # fmt: skip
+HEADER = ["name", "Category", *(f"R{r}:{f}" for r in (1, 2, 3) for f in FINDINGS)]
+READS = {  # study -> (category, {finding: reads of R1, R2, R3}); findings not named are 0 for all three
+    0: ("B1", {"ICH": (1, 1, 0), "IPH": (1, 0, 0), "SDH": (0, 1, 0), "Fracture": (1, 1, 0)}),
+    1: ("B1", {"ICH": (0, 0, 1)}),
+    2: ("B2", {"ICH": (1, 1, 1), "SDH": (1, 0, 1), "EDH": (0, 1, 0), "MidlineShift": (1, 1, 1)}),
+    3: ("B2", {"ICH": (1, 1, 0), "SAH": (1, 1, 1), "IVH": (0, 1, 1)}),
+}
+# study -> series: (folder under "Unknown Study", slice thickness mm, images, ConvolutionKernel, extra tags)
+SERIES = {
+    0: [("CT PLAIN THIN", 0.625, 16, "H30s", {}), ("CT Plain", 5.0, 12, "H30s", {}), ("CT 5mm", 5.0, 12, "H70h", {})],
+    1: [("CT 2.55mm", 2.5, 14, "STANDARD", {}), ("CT 5mm", 5.0, 11, "STANDARD", {}),
+        ("CT 5mm POST CONTRAST", 2.5, 14, "STANDARD", {"ContrastBolusAgent": "OMNIPAQUE"})],
+    2: [("CT Thin Plain", 0.625, 20, "SOFT", {}), ("CT Thin Bone", 0.625, 20, "BONE", {}),
+        ("CT PRE CONTRAST BONE", 5.0, 12, "BONE", {}), ("CT SCOUT", 1.0, 2, "STANDARD", {"ImageType": "LOCALIZER"})],
+    3: [("CT 5mm", 5.0, 12, "STANDARD", {}), ("CT 5mm-2", 5.0, 13, "STANDARD", {})],
+}  # fmt: skip
+CHOSEN = {0: "CT Plain", 1: "CT 2.55mm", 2: "CT Thin Plain", 3: "CT 5mm-2"}  # by the rule, worked out by hand
+
+
+def write_series(folder: Path, study: int, study_uid: str, thickness: float, images: int, kernel: str, extra) -> None:
+    """Axial CT slices, files numbered against the slice order (the converter must order by position); the pixel
+    (0, 0) of the k-th slice along the scan is 100 + k HU, the rest air and brain; stored HU + 1024, intercept -1024."""
+    folder.mkdir(parents=True)
+    series_uid = generate_uid()
+    for k in range(images):
+        hu = np.full((16, 14), 30, np.int16)
+        hu[:, :2] = -1000
+        hu[0, 0] = 100 + k
+        meta = FileMetaDataset()
+        meta.MediaStorageSOPClassUID, meta.MediaStorageSOPInstanceUID = CTImageStorage, generate_uid()
+        meta.TransferSyntaxUID = ExplicitVRLittleEndian
+        ds = Dataset()
+        ds.file_meta = meta
+        ds.SOPClassUID, ds.SOPInstanceUID = CTImageStorage, meta.MediaStorageSOPInstanceUID
+        ds.Modality, ds.PatientID = "CT", f"CQ500-CT-{study}"
+        ds.StudyInstanceUID, ds.SeriesInstanceUID = study_uid, series_uid
+        ds.SeriesDescription = folder.name.removeprefix("CT ")
+        ds.ConvolutionKernel, ds.SliceThickness = kernel, thickness
+        ds.ImageType = ["ORIGINAL", "PRIMARY", extra.get("ImageType", "AXIAL")]
+        if "ContrastBolusAgent" in extra:
+            ds.ContrastBolusAgent = extra["ContrastBolusAgent"]
+        ds.ImagePositionPatient = [-60.0, -70.0, -40.0 + k * thickness]
+        ds.ImageOrientationPatient = [1, 0, 0, 0, 1, 0]
+        ds.PixelSpacing = [0.45, 0.45]
+        ds.InstanceNumber = images - k
+        ds.Rows, ds.Columns = hu.shape
+        ds.SamplesPerPixel, ds.PhotometricInterpretation = 1, "MONOCHROME2"
+        ds.BitsAllocated, ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 16, 16, 15, 1
+        ds.RescaleSlope, ds.RescaleIntercept = 1, -1024
+        ds.PixelData = (hu + 1024).astype("<i2").tobytes()
+        ds.save_as(folder / f"CT{images - 1 - k:06d}.dcm", enforce_file_format=True)
+
+
+def write_reads(path: Path, studies) -> None:
+    rows = []
+    for study in studies:
+        category, reads = READS.get(study, ("B1", {}))
+        cells = [str(reads.get(f, (0, 0, 0))[r]) for r in range(3) for f in FINDINGS]
+        rows.append(",".join([f"CQ500-CT-{study}", category, *cells]))
+    path.write_text("\n".join([",".join(HEADER), *rows]) + "\n")
+
+
+@pytest.fixture
+def cq500_root(tmp_path) -> Path:
+    root = tmp_path / "cq500"
+    for study, series in SERIES.items():
+        folder = root / f"CQ500CT{study} CQ500CT{study}"
+        if study == 3:  # unpacked into a folder of its own archive's name
+            folder = root / "CQ500-CT-3" / folder.name
+        study_uid = generate_uid()
+        for name, thickness, images, kernel, extra in series:
+            write_series(folder / "Unknown Study" / name, study, study_uid, thickness, images, kernel, extra)
+    write_reads(root / "reads.csv", SERIES)
+    return root
+
+
+def test_one_series_per_study_by_the_rule_and_scan_labels_by_majority(cq500_root, tmp_path):
+    out = tmp_path / "cq500.csv"
+    written = write_dataset_manifest("cq500", cq500_root, out, progress=False)
+    table = pd.read_csv(out, keep_default_na=False)
+    scans = table.groupby("scan", sort=False)
+    assert list(scans.groups) == ["CQ500-CT-0", "CQ500-CT-1", "CQ500-CT-2", "CQ500-CT-3"]
+    chosen = {int(s[-1]): Path(g["image"].iloc[0]).parent.name for s, g in scans}
+    assert chosen == CHOSEN
+    assert scans.size().tolist() == [12, 14, 20, 13]
+    assert (scans["series_description"].first() == ["Plain", "2.55mm", "Thin Plain", "5mm-2"]).all()
+    assert scans["slice_thickness_mm"].first().tolist() == [5.0, 2.5, 0.625, 5.0]
+    assert scans["kernel"].first().tolist() == ["H30s", "STANDARD", "SOFT", "STANDARD"]
+    assert "label" not in table.columns and (table["slice"] == "").all()  # scan labels only; one file per slice
+    # the majority of three readers, the same on every row of a scan
+    columns = ["scan_label", "scan_intraparenchymal", "scan_subdural", "scan_epidural", "scan_subarachnoid",
+               "scan_intraventricular", "fracture", "midline_shift", "ich_reads", "r3_ich"]  # fmt: skip
+    labels = scans[columns].agg(["min", "max"])
+    assert (labels.xs("min", axis=1, level=1) == labels.xs("max", axis=1, level=1)).all().all()
+    assert labels.xs("max", axis=1, level=1).values.tolist() == [
+        [1, 0, 0, 0, 0, 0, 1, 0, 2, 0],
+        [0, 0, 0, 0, 0, 0, 0, 0, 1, 1],
+        [1, 0, 1, 0, 0, 0, 0, 1, 3, 1],
+        [1, 0, 0, 0, 1, 1, 0, 0, 2, 0],
+    ]
+    assert scans["category"].first().tolist() == ["B1", "B1", "B2", "B2"]
+    assert (table["patient_id"] == table["scan"]).all()
+    # slices in order along the scan, whatever the file names: pixel (0, 0) is 100 + k HU on the k-th slice
+    for row in table[table["scan"] == "CQ500-CT-1"].itertuples():
+        assert row.scan_slice == load_ct_slice(out.parent / row.image)[0, 0] - 100
+    assert np.all(np.diff(table[table["scan"] == "CQ500-CT-1"]["position_mm"]) == 2.5)
+
+    series = pd.read_csv(tmp_path / "cq500.series.csv", keep_default_na=False)
+    assert written.files == [out, tmp_path / "cq500.series.csv"]
+    assert len(series) == 12 and series.groupby("scan")["chosen"].sum().tolist() == [1, 1, 1, 1]
+    picked = series[series["chosen"] == 1]
+    assert [Path(f).name for f in picked["folder"]] == list(CHOSEN.values()) and (picked["rank"] == "1").all()
+    where = series["folder"].map(lambda f: f.split("/", 1)[0][-1] + Path(f).name)  # study number + series folder
+    reasons = dict(zip(where, series["reason"], strict=True))
+    assert reasons["1CT 5mm POST CONTRAST"].startswith("post-contrast, soft kernel, 2.5 mm")
+    assert reasons["0CT 5mm"] == "non-contrast, sharp/bone kernel, 5 mm, 12 images"  # by its kernel alone
+    assert reasons["2CT Thin Bone"] == "non-contrast, sharp/bone kernel, 0.625 mm (< 2.5), 20 images"
+    assert reasons["0CT PLAIN THIN"] == "non-contrast, soft kernel, 0.625 mm (< 2.5), 16 images"
+    assert reasons["2CT SCOUT"] == "a localizer" and series[series["reason"] == "a localizer"]["rank"].item() == ""
+
+    df = read_manifest(out, label_columns=["scan_label"])
+    good, bad = validate_manifest_files(df, progress=False, workers=1)
+    assert bad == [] and len(good) == 59
+
+
+def test_thinner_slices_when_the_minimum_is_lowered(cq500_root, tmp_path):
+    table = write_dataset_manifest("cq500", cq500_root, tmp_path / "m.csv", progress=False, min_thickness_mm=0.5).table
+    first = table.groupby("scan", sort=False)["image"].first()
+    assert [Path(p).parent.name for p in first] == ["CT PLAIN THIN", "CT 2.55mm", "CT Thin Plain", "CT 5mm-2"]
+
+
+def test_a_study_of_the_reads_without_its_folder_is_named(cq500_root, tmp_path):
+    write_reads(cq500_root / "reads.csv", [*SERIES, 4])
+    with pytest.raises(ValueError, match=r"CQ500-CT-4 \(no folder CQ500CT4 CQ500CT4\).*on_missing='skip'"):
+        write_dataset_manifest("cq500", cq500_root, tmp_path / "m.csv", progress=False)
+    assert not (tmp_path / "m.csv").exists()
+    written = write_dataset_manifest("cq500", cq500_root, tmp_path / "m.csv", progress=False, on_missing="skip")
+    assert written.table["scan"].nunique() == 4 and any("CQ500-CT-4" in note for note in written.notes)
+    with pytest.raises(ValueError, match=r"m\.csv.* already exist"):
+        write_dataset_manifest("cq500", cq500_root, tmp_path / "m.csv", progress=False, on_missing="skip")
+
+
+def test_bad_reads_and_roots_are_refused_by_name(cq500_root, tmp_path):
+    reads = cq500_root / "reads.csv"
+    text = reads.read_text()
+    reads.write_text(text.replace("CQ500-CT-2,B2,1", "CQ500-CT-2,B2,2"))
+    with pytest.raises(ValueError, match=r"reads\.csv: R1:ICH, R2:ICH, R3:ICH must be 0 or 1; bad on lines \[4\]"):
+        write_dataset_manifest("cq500", cq500_root, tmp_path / "m.csv", progress=False)
+    reads.write_text(text.replace("R2:SDH", "R2:SDX"))
+    with pytest.raises(ValueError, match=r"lacks the columns \['R2:SDH'\]"):
+        write_dataset_manifest("cq500", cq500_root, tmp_path / "m.csv", progress=False)
+    reads.unlink()
+    with pytest.raises(ValueError, match=r"has no reads\.csv; expected it beside the CQ500CT<N> CQ500CT<N> folders"):
+        write_dataset_manifest("cq500", cq500_root, tmp_path / "m.csv", progress=False)
+    with pytest.raises(ValueError, match=r"unknown dataset 'cq-5000'; expected one of cq500, ctich, instance, bhsd"):
+        write_dataset_manifest("cq-5000", cq500_root, tmp_path / "m.csv")
