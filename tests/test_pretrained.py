@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = """
 import sys, torch
 from vit_ct.cli import main
-cli = main(["--config", "configs/demo.yaml", "--model.pretrained", sys.argv[1], "--model.stem", "patch",
+cli = main(["--config", "configs/demo.yaml", "--model.pretrained", sys.argv[1], *sys.argv[3:],
             "--data.init_args.img_size", "64", "--trainer.logger", "false"], run=False)
 torch.save({"state": cli.model.state_dict(), "hparams": dict(cli.model.hparams)}, sys.argv[2])
 """
@@ -45,16 +45,19 @@ def hub_cache(tmp_path_factory) -> tuple[Path, dict]:
     return home, load_file(snapshot / "model.safetensors")
 
 
-def _build(tag: str, home: Path, out: Path) -> subprocess.CompletedProcess:
+def _build(tag: str, home: Path, out: Path, *options: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HOME": str(home), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     env.pop("HF_HUB_CACHE", None)
-    return subprocess.run([sys.executable, "-c", SCRIPT, tag, str(out)], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+    return subprocess.run([sys.executable, "-c", SCRIPT, tag, str(out), *options], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
 
 
-def test_pretrained_tag_loads_from_the_hub_cache_adapted(hub_cache, tmp_path):
+@pytest.mark.parametrize("options", [("--model.stem", "patch"), ()], ids=["stem-patch", "stem-unset"])
+def test_pretrained_tag_loads_from_the_hub_cache_adapted(hub_cache, tmp_path, options):
+    """With ``--model.stem patch``, or without (the tag's linear patch embedding then builds the patch stem, in one
+    line; the default conv stem would have started from scratch)."""
     home, saved = hub_cache
-    result = _build(TAG, home, tmp_path / "model.pt")
+    result = _build(TAG, home, tmp_path / "model.pt", *options)
     assert result.returncode == 0, result.stderr[-3000:]
     saved_model = torch.load(tmp_path / "model.pt", weights_only=False)
     hparams = saved_model["hparams"]  # a checkpoint rebuilds the tag's architecture without the hub
@@ -69,6 +72,11 @@ def test_pretrained_tag_loads_from_the_hub_cache_adapted(hub_cache, tmp_path):
     grid = resample_abs_pos_embed(saved["pos_embed"], new_size=(4, 4), num_prefix_tokens=1)
     torch.testing.assert_close(vit["pos_embed"], grid)
     assert vit["head.weight"].shape == (2, 192)  # a new head for the two classes
+    assert hparams["stem"] == "patch"
+    said = f"--model.pretrained {TAG} holds timm's linear patch embedding: the network is built with stem 'patch'"
+    assert (said in result.stderr) == (not options)
+    fresh = f"--model.pretrained {TAG}: 4 tensors start from a fresh initialisation: the classifier head (2 outputs"
+    assert f"{fresh} here, 1000 in the weights); the patch head (not in the weights)" in result.stderr
 
 
 def test_a_tag_not_in_the_cache_offline_is_a_clear_error(hub_cache, tmp_path):

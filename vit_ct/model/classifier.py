@@ -8,6 +8,7 @@ groups and schedule :mod:`vit_ct.model.optim`.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import replace
 from typing import Literal
 
@@ -30,7 +31,15 @@ from vit_ct.model.losses import Losses, PatchLosses, classification_loss
 from vit_ct.model.network import AirSkippingViT
 from vit_ct.model.optim import param_groups, warmup_cosine_schedule
 from vit_ct.model.stem import ConvStemPatchEmbed
-from vit_ct.model.weights import load_state, load_weights, pretrained_architecture, pretrained_state_dict
+from vit_ct.model.weights import (
+    built_architecture,
+    choose_stem,
+    load_state,
+    pretrained_architecture,
+    pretrained_state_dict,
+    read_state_dict,
+    warn_overruled_architecture,
+)
 
 STAGES = ("val", "test")
 
@@ -43,7 +52,8 @@ class ViTClassifier(L.LightningModule):
         img_size: Side of the square model input in pixels (a multiple of ``patch_size``).
         patch_size: Side of a patch in pixels.
         stem: ``patch``: timm's linear patch embedding; ``conv``: a convolutional stem with the same token grid,
-            which trains much better from scratch on small data (arXiv:2106.14881).
+            which trains much better from scratch on small data (arXiv:2106.14881). None: the stem the start weights
+            (``weights``, ``pretrained``) hold, so that they load whole; ``conv`` without start weights.
         in_chans: Input channels (one per HU window; linked to the data in the CLI). The defaults (192 x 192, two
             channels) are the demo model's: the brain and subdural windows of the data module's defaults.
         num_classes: Classes (label 0 = no lesion) or, with ``multilabel``, labels. None: one per name in
@@ -93,9 +103,11 @@ class ViTClassifier(L.LightningModule):
             the attention loss is on (``attention_loss_weight`` > 0), whose attention must stay in the graph.
         weights: Initial weights: a vit-ct checkpoint or a timm state-dict file. Channels, position grid and
             differently sized heads are adapted. Only the network is loaded, not the trainer state.
-        pretrained: A timm pretrained tag (e.g. ``vit_small_patch16_224.augreg_in21k_ft_in1k``): the network takes
-            the tag's architecture (``arch``, ``embed_dim``, ``depth``, ``num_heads`` unused) and its weights, loaded
-            by timm through the Hugging Face hub and its local cache, adapted as for ``weights``; with ``stem: patch``.
+        pretrained: A timm pretrained tag (e.g. ``vit_small_patch16_224.augreg_in21k_ft_in1k``) or weights shipped
+            with vit-ct (``vit-ct/headct-tiny-256``): the network takes the weights' architecture (an ``arch``,
+            ``patch_size``, ``stem``, ``embed_dim``, ``depth`` or ``num_heads`` given otherwise gives way, with a
+            warning naming it) and their weights (a timm tag's loaded by timm through the Hugging Face hub and its
+            local cache, shipped ones from the package), adapted as for ``weights``.
         optimizer: Replaces the default AdamW; receives the parameter groups.
         scheduler: Replaces the default per-step warm-up + cosine schedule.
     """
@@ -106,7 +118,7 @@ class ViTClassifier(L.LightningModule):
         arch: str = "vit_tiny_patch16_224",
         img_size: int = 192,
         patch_size: int = 16,
-        stem: Literal["patch", "conv"] = "conv",
+        stem: Literal["patch", "conv"] | None = None,
         in_chans: int = 2,
         num_classes: int | None = None,
         class_names: list[str] | None = None,
@@ -155,8 +167,13 @@ class ViTClassifier(L.LightningModule):
         # hyper-parameters are made every argument the model is built with, so that nothing reads a fallback.
         self.hparams.update({k: v for k, v in arguments.items() if k not in self.hparams and k not in ignore})
         self.hparams.num_classes = num_classes  # resolved
+        start, source = None, None  # the start weights' state dict, and how errors and warnings name them
+        if weights:
+            start, source = read_state_dict(weights), f"weights file {weights}"
         if pretrained:  # the tag's architecture, recorded so that a checkpoint rebuilds it without the hub
+            start, source = pretrained_state_dict(pretrained), f"--model.pretrained {pretrained}"
             self.hparams.update(pretrained_architecture(pretrained))
+        self.hparams.stem = choose_stem(self.hparams.stem, start, source)  # resolved
         self.task: Literal["binary", "multiclass", "multilabel"] = (
             "multilabel" if multilabel else ("binary" if num_classes == 2 else "multiclass")
         )
@@ -168,10 +185,11 @@ class ViTClassifier(L.LightningModule):
         self.configure_models()
         self.configure_losses()
         self.configure_metrics()
-        if weights:
-            load_weights(self, weights, vit=self.vit)
         if pretrained:
-            load_state(self, pretrained_state_dict(pretrained), vit=self.vit, source=f"--model.pretrained {pretrained}")
+            given = {k: v for k, v in arguments.items() if v != inspect.signature(ViTClassifier).parameters[k].default}
+            warn_overruled_architecture(pretrained, given, built_architecture(self.vit, self.hparams))
+        if start is not None:
+            load_state(self, start, vit=self.vit, source=source)
             if shipped.is_shipped(pretrained):  # until it is trained on other data, it sees as the weights did
                 self.input_contract = shipped.built_for(pretrained, img_size, in_chans) or self.input_contract
 

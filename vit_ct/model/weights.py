@@ -6,9 +6,11 @@ Channels, position-embedding grid and classifier head are adapted to the target 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Literal
 
 import timm
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from timm.layers import resample_abs_pos_embed
 from timm.models import VisionTransformer, adapt_input_conv
 
@@ -16,6 +18,7 @@ from vit_ct.model import shipped
 
 # Keys of the classifier heads: re-initialised when their shape differs from the target's.
 _HEAD_PREFIXES = ("head.", "patch_head.")
+STEM_NAMES = {"patch": "timm's linear patch embedding", "conv": "a convolutional stem"}
 
 
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
@@ -50,6 +53,31 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
 
 def _stem(state: dict) -> list[str]:
     return [k for k in state if k.startswith("patch_embed.") and "num_batches_tracked" not in k]
+
+
+def stem_of(state: dict[str, torch.Tensor]) -> Literal["patch", "conv"] | None:
+    """The stem a ViT state dict holds: ``patch`` (timm's linear patch embedding, one convolution ``patch_embed.proj``),
+    ``conv`` (:class:`~vit_ct.model.stem.ConvStemPatchEmbed`, a sequence ``patch_embed.proj.0`` ...), or None (no
+    patch embedding in it)."""
+    if "patch_embed.proj.weight" in state:
+        return "patch"
+    return "conv" if "patch_embed.proj.0.weight" in state else None
+
+
+def choose_stem(
+    stem: Literal["patch", "conv"] | None, state: dict[str, torch.Tensor] | None, source: str | None
+) -> Literal["patch", "conv"]:
+    """The stem to build: the one asked for; else the one the start weights hold (saying so when it is timm's linear
+    patch embedding, which a default conv stem would have left behind), else the conv stem."""
+    if stem is not None:
+        return stem
+    held = stem_of(state) if state is not None else None
+    if held == "patch":
+        rank_zero_warn(
+            f"{source} holds {STEM_NAMES['patch']}: the network is built with stem 'patch' so that it loads"
+            " (--model.stem conv starts a convolutional stem from scratch instead)"
+        )
+    return held or "conv"
 
 
 def adapt_state_dict(state: dict[str, torch.Tensor], model: VisionTransformer) -> dict[str, torch.Tensor]:
@@ -110,6 +138,36 @@ def pretrained_architecture(tag: str) -> dict:
     return {"arch": tag.split(".")[0], "embed_dim": None, "depth": None, "num_heads": None}
 
 
+def built_architecture(vit: VisionTransformer, hparams: dict) -> dict[str, Any]:
+    """The architecture of a built network, by the names of ``ViTClassifier``'s arguments."""
+    return {
+        "arch": hparams["arch"],
+        "patch_size": vit.patch_embed.patch_size[0],
+        "stem": hparams["stem"],
+        "embed_dim": vit.embed_dim,
+        "depth": len(vit.blocks),
+        "num_heads": vit.blocks[0].attn.num_heads,
+        "reg_tokens": vit.num_reg_tokens,
+        "mask_air": hparams["mask_air"],
+    }
+
+
+def warn_overruled_architecture(tag: str, given: dict[str, Any], built: dict[str, Any]) -> None:
+    """One warning naming the architecture arguments ``given`` (those passed other than at their default; None: the
+    architecture's own) that the weights of ``tag`` overruled: the network is built as the weights' architecture,
+    which is the only one they fit."""
+    overruled = [
+        f"{name} {built[name]} ({name}={value!r} was given)"
+        for name, value in given.items()
+        if name in built and value is not None and value != built[name]
+    ]
+    if overruled:
+        rank_zero_warn(
+            f"--model.pretrained {tag} has its own architecture, which the network takes so that the weights fit:"
+            f" {'; '.join(overruled)}"
+        )
+
+
 def pretrained_state_dict(tag: str) -> dict[str, torch.Tensor]:
     """The weights of a pretrained tag: weights shipped with vit-ct (``vit-ct/headct-tiny-256``), read offline from
     the package, or a timm tag (``vit_small_patch16_224.augreg_in21k_ft_in1k``) through timm's own loading, the
@@ -137,7 +195,9 @@ def load_state(
     model: torch.nn.Module, state: dict[str, torch.Tensor], *, vit: VisionTransformer, source: str
 ) -> list[str]:
     """Copy a ViT state dict into ``model`` (whose timm network is ``vit``), adapted to it (:func:`adapt_state_dict`);
-    returns the re-initialised keys. ``source`` names the weights in errors."""
+    returns the keys left at their fresh initialisation, and names them in one warning. ``source`` names the weights
+    in errors and in the warning."""
+    given = state
     state = adapt_state_dict(state, vit)
     # Heads that live beside the timm network (e.g. the patch head) keep their own prefix.
     target = model.state_dict()
@@ -162,4 +222,33 @@ def load_state(
     if not_heads:
         raise ValueError(f"{source} lacks {len(not_heads)} tensors of the model, e.g. {not_heads[:3]}")
     model.load_state_dict(remapped, strict=False)
+    if missing:
+        rank_zero_warn(_fresh_start(source, missing, given, target, vit_prefix))
     return missing
+
+
+def _fresh_start(
+    source: str, missing: list[str], given: dict[str, torch.Tensor], target: dict[str, torch.Tensor], vit_prefix: str
+) -> str:
+    """One line naming the parts of the model the weights did not fill, and why, e.g. a head for another number of
+    classes, or a stem of another kind."""
+    parts: dict[str, list[str]] = {}
+    for key in missing:
+        name = key.removeprefix(vit_prefix)
+        parts.setdefault(name.split(".")[0], []).append(name)
+    said = []
+    for part, keys in parts.items():
+        if part == "head" and "head.weight" in given:
+            outputs = tuple(target[f"{vit_prefix}head.weight"].shape)[0]
+            said.append(f"the classifier head ({outputs} outputs here, {given['head.weight'].shape[0]} in the weights)")
+        elif part == "patch_embed":
+            held = stem_of(given)
+            built = "patch" if f"{vit_prefix}patch_embed.proj.weight" in target else "conv"
+            why = f"the weights hold {STEM_NAMES[held]}" if held else "not in the weights"
+            said.append(f"the stem ({STEM_NAMES[built]}; {why})")
+        elif part in ("head", "patch_head"):
+            said.append(f"the {'classifier' if part == 'head' else 'patch'} head (not in the weights)")
+        else:
+            shown = ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+            said.append(f"{shown} (not in the weights)")
+    return f"{source}: {len(missing)} tensors start from a fresh initialisation: {'; '.join(said)}"

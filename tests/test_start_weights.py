@@ -1,0 +1,98 @@
+"""Start weights load into the network they fit, or say what they leave behind: a timm state dict's linear patch
+embedding builds the patch stem it fits; tensors left at their fresh initialisation (a stem of another kind, a head
+for another number of classes) are named in one warning; architecture arguments the named weights overrule are named."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import timm
+import torch
+from npy_manifest import manifest_args, write_npy_manifest
+from timm.models import adapt_input_conv
+
+from vit_ct.cli import main
+from vit_ct.model import ViTClassifier
+
+TINY = {"img_size": 32, "in_chans": 1, "embed_dim": 32, "depth": 2, "num_heads": 2}
+SHIPPED = "vit-ct/headct-tiny-256"  # ViT-Ti/16 (192 wide), 6 blocks, conv stem, 256 x 256, two windows
+
+
+@pytest.fixture
+def timm_file(tmp_path):
+    """A user's timm ViT state dict (``torch.save``): linear patch embedding on RGB, a 1000-class head."""
+    torch.manual_seed(0)
+    source = timm.create_model("vit_tiny_patch16_224", pretrained=False, embed_dim=32, depth=2, num_heads=2,
+                               num_classes=1000, in_chans=3, img_size=64)  # fmt: skip
+    path = tmp_path / "timm.pth"
+    torch.save(source.state_dict(), path)
+    return source.state_dict(), path
+
+
+def test_a_linear_patch_embedding_builds_the_patch_stem_and_loads_into_it(timm_file):
+    state, path = timm_file
+    with pytest.warns(UserWarning) as caught:
+        model = ViTClassifier(**TINY, weights=str(path))
+    said = [str(w.message) for w in caught]
+    assert said == [
+        f"weights file {path} holds timm's linear patch embedding: the network is built with stem 'patch' so that it"
+        " loads (--model.stem conv starts a convolutional stem from scratch instead)",
+        f"weights file {path}: 4 tensors start from a fresh initialisation: the classifier head (2 outputs here, 1000"
+        " in the weights); the patch head (not in the weights)",
+    ]
+    assert model.hparams.stem == "patch"  # what a checkpoint of it rebuilds
+    # the stem is the file's, its RGB kernels summed for one window (timm's rule)
+    torch.testing.assert_close(model.vit.patch_embed.proj.weight, adapt_input_conv(1, state["patch_embed.proj.weight"]))
+    torch.testing.assert_close(model.vit.patch_embed.proj.bias, state["patch_embed.proj.bias"])
+    torch.testing.assert_close(model.vit.blocks[1].attn.qkv.weight, state["blocks.1.attn.qkv.weight"])
+
+
+def test_a_conv_stem_asked_for_starts_afresh_and_is_named(timm_file):
+    state, path = timm_file
+    with pytest.warns(UserWarning) as caught:
+        model = ViTClassifier(**TINY, stem="conv", weights=str(path))
+    fresh = [str(w.message) for w in caught]
+    assert len(fresh) == 1 and fresh[0].startswith(
+        f"weights file {path}: 30 tensors start from a fresh initialisation:"
+    )
+    assert "the stem (a convolutional stem; the weights hold timm's linear patch embedding)" in fresh[0]
+    assert "the classifier head (2 outputs here, 1000 in the weights)" in fresh[0]
+    assert model.hparams.stem == "conv"
+    torch.testing.assert_close(model.vit.blocks[0].mlp.fc1.weight, state["blocks.0.mlp.fc1.weight"])
+
+
+def test_weights_that_fill_every_tensor_load_without_a_word(tmp_path):
+    model = ViTClassifier(**TINY)  # conv stem, patch head, two classes
+    path = tmp_path / "ours.pt"
+    torch.save(model.state_dict(), path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        again = ViTClassifier(**TINY, weights=str(path))  # its stem is taken from the file
+    assert again.hparams.stem == "conv"
+    torch.testing.assert_close(again.vit.patch_embed.proj[0].weight, model.vit.patch_embed.proj[0].weight)
+
+
+def test_the_command_builds_the_stem_a_timm_file_holds(timm_file, tmp_path):
+    state, path = timm_file
+    manifest = write_npy_manifest(tmp_path / "data", train=2, val=2)
+    with pytest.warns(UserWarning, match="holds timm's linear patch embedding: the network is built with stem 'patch'"):
+        cli = main(["fit", *manifest_args(manifest), "--trainer.logger", "false", "--trainer.max_epochs", "0",
+                    "--model.weights", str(path)])  # fmt: skip
+    assert cli.model.hparams.stem == "patch"
+    torch.testing.assert_close(
+        cli.model.vit.patch_embed.proj.weight, adapt_input_conv(1, state["patch_embed.proj.weight"])
+    )
+
+
+def test_architecture_arguments_the_shipped_weights_overrule_are_named():
+    with pytest.warns(UserWarning) as caught:
+        model = ViTClassifier(pretrained=SHIPPED, img_size=256, depth=12, embed_dim=384, stem="patch")
+    assert [str(w.message) for w in caught] == [
+        f"--model.pretrained {SHIPPED} has its own architecture, which the network takes so that the weights fit:"
+        " stem conv (stem='patch' was given); embed_dim 192 (embed_dim=384 was given); depth 6 (depth=12 was given)"
+    ]
+    assert (len(model.vit.blocks), model.vit.embed_dim, model.hparams.stem) == (6, 192, "conv")
+    with warnings.catch_warnings():  # the arguments the weights agree with, or left at their defaults: no word
+        warnings.simplefilter("error")
+        ViTClassifier(pretrained=SHIPPED, img_size=256, depth=6, stem="conv")
