@@ -90,8 +90,8 @@ def load_volume(path: Path, what: str) -> nib.Nifti1Image:
 
 
 def read_labels(img: nib.Nifti1Image, path: Path, ct: nib.Nifti1Image, ct_path: Path, what: str) -> np.ndarray:
-    """A label volume (`load_volume`) as int32 (rows, columns, slices), checked to be whole numbers >= 0 on the CT's
-    array shape."""
+    """A label volume (`load_volume`) as integers (rows, columns, slices), checked to be whole numbers >= 0 on the
+    CT's array shape."""
     if img.shape[:3] != ct.shape[:3]:
         raise ValueError(
             f"{what} {path} has shape {img.shape[:3]} but its CT {ct_path} has {ct.shape[:3]}; expected the same"
@@ -105,7 +105,7 @@ def read_labels(img: nib.Nifti1Image, path: Path, ct: nib.Nifti1Image, ct_path: 
         raise ValueError(f"{what} {path} holds values that are not whole numbers; expected a label volume")
     if data.min() < 0:
         raise ValueError(f"{what} {path} holds negative values ({data.min():g}); expected labels 0 (none) or more")
-    return data.astype(np.int32)
+    return data.astype(np.int64) if data.dtype.kind in "fb" else data  # integer files keep their (small) type
 
 
 def same_grid(a: nib.Nifti1Image, b: nib.Nifti1Image) -> bool:
@@ -126,10 +126,15 @@ def volume_rows(
     return table
 
 
-def lesion_pixels(labels: np.ndarray, values: Sequence[int] | None = None) -> np.ndarray:
-    """Lesion voxels per slice, (slices,) int: non-zero voxels, or those holding one of ``values``."""
-    lesion = labels != 0 if values is None else np.isin(labels, values)
-    return lesion.sum(axis=(0, 1))
+def label_values(labels: np.ndarray) -> list[int]:
+    """The values a label volume holds, ascending. A count per value (labels are small integers >= 0): ~10x faster
+    than np.unique's sort or hash on a 512 x 512 x 32 volume."""
+    return np.flatnonzero(np.bincount(labels.ravel(order="K"))).tolist()  # "K": no copy of a Fortran-ordered array
+
+
+def lesion_pixels(labels: np.ndarray, value: int | None = None) -> np.ndarray:
+    """Lesion voxels per slice, (slices,) int: non-zero voxels, or those holding ``value``."""
+    return (labels != 0 if value is None else labels == value).sum(axis=(0, 1))
 
 
 class MaskReference(NamedTuple):
@@ -142,8 +147,7 @@ def mask_reference(
 ) -> MaskReference:
     """How the manifest names a binary mask of ``labels != 0``: the dataset's own file when `load_mask` reads it as
     such (0 and one lesion value, on the CT's affine), else a binary volume written beside the manifest."""
-    values = np.unique(labels)
-    binary = len(values[values != 0]) <= 1
+    binary = len([v for v in label_values(labels) if v != 0]) <= 1
     if binary and same_grid(mask, ct):
         return MaskReference(out.reference(mask_path), None)
     why = "labels other than 0 and one lesion value" if not binary else "an affine other than its CT's"
@@ -209,7 +213,7 @@ def labelled_rows(
     mask = load_volume(pair.labels, f"{what} label volume")
     labels = read_labels(mask, pair.labels, ct, pair.image, f"{what} label volume")
     if classes is not None:
-        unknown = sorted(set(np.unique(labels).tolist()) - {0, *classes})
+        unknown = sorted(set(label_values(labels)) - {0, *classes})
         if unknown:
             expected = ", ".join(f"{v} ({name})" for v, name in classes.items())
             raise ValueError(f"{what} label volume {pair.labels} holds the values {unknown}; expected 0 or {expected}")
@@ -217,7 +221,7 @@ def labelled_rows(
     pixels = lesion_pixels(labels)
     table["label"] = (pixels > 0).astype(int)
     for value, name in (classes or {}).items():
-        table[name] = (lesion_pixels(labels, [value]) > 0).astype(int)
+        table[name] = (lesion_pixels(labels, value) > 0).astype(int)
     reference = mask_reference(pair.labels, mask, labels, ct, out, scan_id)
     table["mask"] = reference.text
     table["mask_pixels"] = pixels
