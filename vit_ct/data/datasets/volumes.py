@@ -35,6 +35,7 @@ class Converted(NamedTuple):
 
 
 def check_choice(value: str, name: str, choices: Sequence[str]) -> str:
+    """``value`` when it is one of ``choices``, else a ValueError naming the option ``name``."""
     if value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
     return value
@@ -164,6 +165,7 @@ def add_scan_labels(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def count_note(count: int, text: str) -> list[str]:
+    """One note, ``"<count> <text>"``, or none when nothing was counted."""
     return [f"{count} {text}"] if count else []
 
 
