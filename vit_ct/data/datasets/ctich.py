@@ -121,7 +121,7 @@ class _Tally:
             *count_note(self.unmasked, "slice(s) labelled with a bleed have an empty mask there: mask cell left empty"),
             *count_note(self.stray, "slice(s) labelled without a bleed have mask voxels (kept; see mask_pixels)"),
             *count_note(len(self.rewritten), "mask(s) written again as binary volumes on their CT's grid:"
-                        f" {self.rewritten[:5]}"),
+                        f" {', '.join(self.rewritten[:5])}"),
         ]  # fmt: skip
 
 

@@ -71,5 +71,6 @@ def convert(
     table = pd.concat(tables, ignore_index=True)
     if scan_labels:
         table = add_scan_labels(table)
-    notes += count_note(len(rewritten), f"mask(s) written again as binary volumes on their CT's grid: {rewritten[:5]}")
+    shown = ", ".join(rewritten[:5])
+    notes += count_note(len(rewritten), f"mask(s) written again as binary volumes on their CT's grid: {shown}")
     return Converted(table, notes)
