@@ -158,7 +158,8 @@ def test_fit_then_predict_through_the_real_command(synthetic_set, tmp_path):
     assert list(table["image"]) == list(test_rows["image_ref"])
     assert list(table["label"]) == list(test_rows["label"])
     sink = ["rollout_air", "rollout_outside_head", "cls_prefix_b0", "cls_prefix_b1", "cls_air_b0", "cls_air_b1"]
-    scores = [f"{source}_{name}" for source in ("rollout", "perfect_patch") for name in SCORES]
+    # every slice has a pixel spacing (DICOM): no HD95 in pixels
+    scores = [f"{source}_{name}" for source in ("rollout", "perfect_patch") for name in SCORES if name != "hd95_px"]
     where = ["scan", "mask"]  # the slice's scan (patient_id here) and mask, for a review of OUT without the model
     assert list(table.columns) == ["image", "prob", "label", "rollout", "overlay", *where, *sink, *scores]
     lesion = table["label"] == 1  # every synthetic positive has its mask: scored; negatives are not

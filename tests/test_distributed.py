@@ -154,6 +154,7 @@ def test_two_process_fit_and_validate(tmp_path):
         rollout = model.explain(batch["image"])[1]
     maps = localisation_maps(None, batch, rollout=rollout)
     per_slice = scores_per_slice(maps, batch, tolerance_mm=model.hparams.localisation_tolerance_mm)
-    for name in ("rollout_dice", "rollout_iou", "rollout_hd95_mm", "perfect_patch_dice", "perfect_patch_hd95_mm"):
+    # (.npy slices: no pixel spacing, so HD95 is in pixels of the source slice)
+    for name in ("rollout_dice", "rollout_iou", "rollout_hd95_px", "perfect_patch_dice", "perfect_patch_hd95_px"):
         expected = np.nanmean(per_slice[name].numpy())
         np.testing.assert_allclose(validate["metrics"][f"val/{name}"], expected, rtol=1e-4, err_msg=name)

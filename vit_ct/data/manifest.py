@@ -4,7 +4,7 @@ is `vit_ct.data.splits`).
 Its files are checked by `vit_ct.data.manifest_files` (re-exported here).
 
 Columns (the README's manifest table): `image`, `label` (or named label columns), `patient_id`, `split`, `mask`,
-`slice`.
+`slice`, `pixel_spacing_mm`.
 Rows are named by their line number in the CSV file (the header is line 1), as a text editor or spreadsheet shows.
 """
 
@@ -22,7 +22,11 @@ from vit_ct.data.duplicates import check_duplicate_images
 from vit_ct.data.manifest_files import BadFile, validate_manifest_files, write_bad_files
 from vit_ct.data.splits import SPLITS, assign_splits, check_patient_splits, list_lines
 
+# mm per pixel of slices whose files carry no spacing (.npy); a DICOM's or NIfTI's own header wins
+SPACING_COLUMN = "pixel_spacing_mm"
+
 __all__ = [
+    "SPACING_COLUMN",
     "SPLITS",
     "BadFile",
     "assign_splits",
@@ -95,6 +99,26 @@ def _integers(df: pd.DataFrame, column: str, path: Path, *, allowed: str, valid,
     return pd.Series(values, index=df.index, dtype="Int64")
 
 
+def _spacings(df: pd.DataFrame, path: Path) -> pd.Series:
+    """Parse `pixel_spacing_mm`: mm per pixel, one number or ``row\\column`` as DICOM's PixelSpacing writes it (their
+    mean: the model grid's pixels are square); empty cells are NaN (the file's own spacing, or none)."""
+    values, bad = [], []
+    for text, line in zip(df[SPACING_COLUMN], df["manifest_line"], strict=True):
+        try:
+            numbers = [float(part) for part in text.split("\\")] if text != "" else [math.nan]
+        except ValueError:
+            numbers = [-1.0]
+        if text != "" and not (len(numbers) <= 2 and all(math.isfinite(v) and v > 0 for v in numbers)):
+            bad.append(line)
+        values.append(sum(numbers) / len(numbers))
+    if bad:
+        raise ValueError(
+            f"manifest {path}: column '{SPACING_COLUMN}' must hold mm per pixel, one number > 0 or row\\column (e.g."
+            f" 0.45 or 0.45\\0.45), or be empty; bad value on lines {list_lines(bad)}"
+        )
+    return pd.Series(values, index=df.index, dtype="float64")
+
+
 def _blank_to_none(texts: pd.Series) -> pd.Series:
     return pd.Series([None if t == "" or pd.isna(t) else t for t in texts], index=texts.index, dtype=object)
 
@@ -124,13 +148,15 @@ def read_manifest(
     Returns:
         One row per slice: `image` and `mask` as absolute paths (`image_ref`, `mask_ref`: the text as written),
         the label column(s) as Int64, `patient_id` and `split` (lower case) as text or <NA>, `slice` as Int64 or <NA>,
-        `manifest_line` (the row's line in the CSV), and any other columns untouched as text.
+        `pixel_spacing_mm` as float64 (NaN where empty), `manifest_line` (the row's line in the CSV), and any other
+        columns untouched as text.
         `df.attrs["label_columns"]` holds the multi-label names (or None) and `df.attrs["manifest"]` the CSV path.
 
     Raises:
         ValueError: naming the file and the CSV line numbers, for a missing/empty/unreadable CSV, a missing `image`,
             `label` or named label column, empty image cells, labels that are not integers >= 0 (0/1 for
-            multi-label), unknown split names, a bad `slice`, or a patient given two different splits.
+            multi-label), unknown split names, a bad `slice` or `pixel_spacing_mm`, or a patient given two different
+            splits.
     """
     path = Path(path)
     if not path.is_file():
@@ -185,6 +211,8 @@ def read_manifest(
         df["mask"] = _resolve(df["mask"], folder)
     if "slice" in df.columns:
         df["slice"] = _integers(df, "slice", path, allowed="integers >= 0", valid=lambda v: v >= 0, required=False)
+    if SPACING_COLUMN in df.columns:
+        df[SPACING_COLUMN] = _spacings(df, path)
     if "patient_id" in df.columns:
         df["patient_id"] = _blank_to_none(df["patient_id"])
     if "split" in df.columns:

@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import Dataset, default_collate
 
 from vit_ct.data.distributed import decode_index
-from vit_ct.data.manifest import manifest_frame
+from vit_ct.data.manifest import SPACING_COLUMN, manifest_frame
 from vit_ct.data.model_input import apply_windows, grid_hu, grid_mask, model_grid_spacing
 from vit_ct.data.reader import load_ct_slice, load_mask, read_pixel_spacing
 from vit_ct.data.slice_cache import SliceCache
@@ -38,7 +38,7 @@ class CTBatch(TypedDict):
     index: torch.Tensor  # (B,) row of the split's table
     valid: torch.Tensor  # (B,) bool: False on a repeat that pads a DDP shard (metrics skip it)
     source_shape: torch.Tensor  # (B, 2) rows, columns of the source slice
-    pixel_spacing_mm: torch.Tensor  # (B,) mm per model-grid pixel; NaN where the file gives no spacing
+    pixel_spacing_mm: torch.Tensor  # (B,) mm per model-grid pixel; NaN where neither the file nor the manifest gives it
 
 
 def slice_item(
@@ -124,6 +124,9 @@ class CTSliceDataset(Dataset):
         self._source = store if cache else None  # what the in-memory cache is filled from
         # Workers index these arrays, never the table: its Python objects would be copied into every worker's memory.
         self.slots = self.table["cache_slot"].to_numpy(dtype=np.int64) if store is not None else None
+        # mm per pixel of the manifest's `pixel_spacing_mm` (NaN where empty): for files that carry no spacing
+        given = self.table.get(SPACING_COLUMN)
+        self.given_spacing = None if given is None else given.to_numpy(dtype=np.float64, na_value=np.nan)
         self._cache: dict[int, dict] | None = {} if cache else None
 
     def __len__(self) -> int:
@@ -145,7 +148,7 @@ class CTSliceDataset(Dataset):
         mask_path = row.get("mask")
         has_mask = isinstance(mask_path, str) and bool(mask_path)
         mask = load_mask(mask_path, frame=manifest_frame(row)) if has_mask else None
-        spacing = read_pixel_spacing(row["image"], frame=manifest_frame(row))
+        spacing = read_pixel_spacing(row["image"], frame=manifest_frame(row)) or self._given_spacing(index)
         windows = None if self.hu_items else self.windows
         item = slice_item(
             hu, mask, label=self.labels[index].clone(), index=index, windows=windows, img_size=self.img_size,
@@ -181,6 +184,7 @@ class CTSliceDataset(Dataset):
         hu = batch["hu"].float()
         mask = batch["mask"].float() if "mask" in batch else torch.zeros_like(hu)
         batch.update(hu=hu, mask=mask, label=self.labels[rows], index=torch.from_numpy(rows))
+        self._fill_spacing(batch, rows)
         if not self.hu_items:
             batch = apply_windows(batch, self.windows)
         return [{key: value[i] for key, value in batch.items()} for i in range(len(rows))]
@@ -191,7 +195,22 @@ class CTSliceDataset(Dataset):
         rows = np.array(rows)
         batch = self.store.batch(self.slots[rows])
         batch.update(label=self.labels[rows], index=torch.from_numpy(rows), valid=torch.tensor(valid))
+        self._fill_spacing(batch, rows)
         return CachedBatch(batch)
+
+    def _given_spacing(self, index: int) -> tuple[float, float] | None:
+        """The manifest's pixel spacing of row ``index`` as (rows, columns) mm; None where it gives none."""
+        value = np.nan if self.given_spacing is None else self.given_spacing[index]
+        return None if np.isnan(value) else (float(value), float(value))
+
+    def _fill_spacing(self, batch: dict, rows: np.ndarray) -> None:
+        """Where a batch from the disk cache has no pixel spacing (its slot's file carries none), the manifest's, on
+        the model grid (as :func:`~vit_ct.data.model_input.model_grid_spacing` scales it)."""
+        if self.given_spacing is None:
+            return
+        given = torch.from_numpy(self.given_spacing[rows]) * batch["source_shape"].amax(dim=1) / self.img_size
+        spacing = batch["pixel_spacing_mm"]
+        batch["pixel_spacing_mm"] = torch.where(spacing.isnan(), given.to(spacing.dtype), spacing)
 
     def __getitem__(self, index: int) -> CTBatch:
         if self.store is not None:

@@ -6,9 +6,16 @@ grid sets.
 Every score is computed per slice, over the head's pixels only (air is trivially unattended), on slices whose lesion
 mask is known and non-empty, and averaged over those slices. Written here because torchmetrics' own AUROC pools the
 pixels of all slices and knows neither a head mask nor a pointing game.
+
+Distances (the pointing tolerance, HD95) are in mm on each slice's own pixel spacing. A slice without one (a ``.npy``
+file, and no ``pixel_spacing_mm`` in its manifest) is measured in pixels of its source slice instead, never in a guessed
+mm: its tolerance is the same number of those pixels and its HD95 is ``hd95_px``.
 """
 
 from __future__ import annotations
+
+import math
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -16,28 +23,15 @@ from torch import nn
 from torchmetrics import Metric
 
 from vit_ct.explain.segmentation import perfect_patch_map, segmentation_scores
+from vit_ct.explain.spacing import HEAD_FIELD_OF_VIEW_MM as HEAD_FIELD_OF_VIEW_MM  # imported from here before
+from vit_ct.explain.spacing import model_grid_spacing_mm as model_grid_spacing_mm
+from vit_ct.explain.spacing import pixel_units_note, slice_spacing
 
-# Assumed side of the square a slice is padded to, in mm, when a batch gives no pixel spacing: a typical head-CT
-# reconstruction field of view (512 x 0.45 mm) and the synthetic set's (256 x 0.9 mm).
-HEAD_FIELD_OF_VIEW_MM = 230.0
 MAP_SOURCES = ("rollout", "floor_image", "floor_head", "perfect_patch")
 SURFACE_DISTANCE_SOURCES = ("rollout", "perfect_patch")  # HD95 costs ~20 ms a slice: the map and its ceiling
-SCORES = ("pointing", "energy", "mask_fraction", "pixel_auroc", "dice", "iou", "hd95_mm")  # per slice and map source
-
-
-def spacing_per_slice(
-    pixel_spacing_mm: float | torch.Tensor | None, default_mm: float, n: int, device: torch.device
-) -> torch.Tensor:
-    """``(n,)`` float64 mm per pixel: the batch's value where it has one (not NaN), else ``default_mm``."""
-    if pixel_spacing_mm is None:
-        return torch.full((n,), float(default_mm), dtype=torch.float64, device=device)
-    spacing = torch.as_tensor(pixel_spacing_mm, dtype=torch.float64, device=device).expand(n)
-    return torch.where(torch.isnan(spacing), torch.full_like(spacing, float(default_mm)), spacing)
-
-
-def model_grid_spacing_mm(img_size: int, field_of_view_mm: float = HEAD_FIELD_OF_VIEW_MM) -> float:
-    """Pixel size in mm on the ``img_size`` model grid of a slice whose padded square spans ``field_of_view_mm``."""
-    return field_of_view_mm / img_size
+# per slice and map source; hd95_px: HD95 of a slice without a pixel spacing, in pixels of its source slice
+SCORES = ("pointing", "energy", "mask_fraction", "pixel_auroc", "dice", "iou", "hd95_mm", "hd95_px")
+_SAID: set[str] = set()  # notes already given by scores_per_slice
 
 
 def _disk(radius: float, device: torch.device) -> torch.Tensor:
@@ -150,6 +144,7 @@ def score_slices(
     known: torch.Tensor | None = None,
     tolerance_px: torch.Tensor,
     spacing_mm: torch.Tensor,
+    in_mm: torch.Tensor | None = None,
     surface_distance: bool = True,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-slice localisation scores of the slices whose mask is known and holds lesion and non-lesion head pixels:
@@ -161,12 +156,14 @@ def score_slices(
         head: ``(B, H, W)`` head masks, 0/1; None: the whole slice.
         known: ``(B,)`` bool: the slice's mask is known; None: every mask is.
         tolerance_px: ``(B,)`` pointing-game tolerance in pixels.
-        spacing_mm: ``(B,)`` pixel size in mm (the Hausdorff distance's unit).
-        surface_distance: Also ``hd95_mm`` (see :func:`~vit_ct.explain.segmentation.segmentation_scores`).
+        spacing_mm: ``(B,)`` pixel size (the Hausdorff distance's unit): mm, or source pixels where ``in_mm`` is False.
+        in_mm: ``(B,)`` bool: ``spacing_mm`` is in mm (:func:`slice_spacing`); None: everywhere.
+        surface_distance: Also ``hd95_mm`` and ``hd95_px`` (see
+            :func:`~vit_ct.explain.segmentation.segmentation_scores`), each NaN on the slices measured in the other.
 
     Returns:
         ``scored`` ``(B,)`` bool, and ``pointing``, ``energy``, ``mask_fraction``, ``pixel_auroc``, ``dice``,
-        ``iou`` (and ``hd95_mm``), each ``(scored.sum(),)`` for the scored slices in order.
+        ``iou`` (and ``hd95_mm``, ``hd95_px``), each ``(scored.sum(),)`` for the scored slices in order.
     """
     head = torch.ones_like(masks, dtype=torch.bool) if head is None else head > 0.5
     lesion = (masks > 0.5) & head
@@ -177,13 +174,19 @@ def score_slices(
         return scored, {}
     maps, lesion, head = maps[scored].float().clamp_min(0), lesion[scored], head[scored]
     energy, mask_fraction = energy_in_mask(maps, lesion, head)
-    return scored, {
+    scores = {
         "pointing": pointing(maps, lesion, head, tolerance_px[scored]),
         "energy": energy,
         "mask_fraction": mask_fraction,
         "pixel_auroc": pixel_auroc(maps, lesion, head),
         **segmentation_scores(maps, lesion, head, spacing_mm[scored], surface_distance=surface_distance),
     }
+    if surface_distance:  # the distance of a slice without a pixel spacing is in its source pixels: another name
+        in_pixels = torch.zeros_like(scored) if in_mm is None else ~in_mm.to(scored.device, torch.bool)
+        hd95, in_pixels = scores["hd95_mm"], in_pixels[scored]
+        scores["hd95_mm"] = hd95.masked_fill(in_pixels, math.nan)
+        scores["hd95_px"] = hd95.masked_fill(~in_pixels, math.nan)
+    return scored, scores
 
 
 class LocalisationMetrics(Metric):
@@ -193,13 +196,17 @@ class LocalisationMetrics(Metric):
     (:func:`energy_in_mask`), ``energy_ratio`` (mean energy / mean mask fraction: 1 is chance), ``pixel_auroc``
     (:func:`pixel_auroc`, ties count half), ``dice`` and ``iou`` of the map's half-maximum region, with
     ``surface_distance`` ``hd95_mm`` (mean over the slices where the map points somewhere, ``hd95_slices`` of them;
-    :mod:`vit_ct.explain.segmentation`), and ``slices`` (how many were scored). Every state is a sum
+    :mod:`vit_ct.explain.segmentation`) and ``hd95_px`` / ``hd95_px_slices`` (the same over slices without a pixel
+    spacing, in pixels of their source slices), ``slices`` (how many were scored) and ``pixel_slices`` (how many of
+    them had no pixel spacing: their pointing tolerance was ``tolerance_mm`` source pixels). Every state is a sum
     (``dist_reduce_fx="sum"``), so the result under DDP equals one process over all slices.
 
     Args:
         tolerance_mm: Pointing game tolerance: the map's maximum scores when its centre lies within this
-            distance (mm, pixel centre to pixel centre) of a lesion pixel.
-        pixel_spacing_mm: Pixel size of the maps' grid in mm, unless ``update`` is given one per slice.
+            distance (mm, pixel centre to pixel centre) of a lesion pixel; pixels of the source slice for a slice
+            without a pixel spacing.
+        pixel_spacing_mm: mm per pixel of the maps' grid for slices ``update`` gives no spacing for, when the caller
+            knows it; None: such slices are measured in pixels of their source slice (never a guessed mm).
         surface_distance: Also the 95th-percentile Hausdorff distance (about 20 ms a slice on a CPU core).
         **kwargs: Passed to ``torchmetrics.Metric``.
     """
@@ -207,16 +214,21 @@ class LocalisationMetrics(Metric):
     is_differentiable = False
     full_state_update = False
     MEANS = ("pointing", "energy", "mask_fraction", "pixel_auroc", "dice", "iou")  # over the scored slices
-    STATES = (*MEANS, "slices", "hd95_mm", "hd95_slices")
+    STATES = (*MEANS, "slices", "pixel_slices", "hd95_mm", "hd95_slices", "hd95_px", "hd95_px_slices")
 
     def __init__(
-        self, *, tolerance_mm: float = 5.0, pixel_spacing_mm: float = 1.0, surface_distance: bool = True, **kwargs
+        self,
+        *,
+        tolerance_mm: float = 5.0,
+        pixel_spacing_mm: float | None = None,
+        surface_distance: bool = True,
+        **kwargs,
     ) -> None:
         super().__init__(**kwargs)
         if not tolerance_mm >= 0:
             raise ValueError(f"tolerance_mm must be >= 0 mm, got {tolerance_mm}")
-        if not pixel_spacing_mm > 0:
-            raise ValueError(f"pixel_spacing_mm must be > 0 mm, got {pixel_spacing_mm}")
+        if pixel_spacing_mm is not None and not pixel_spacing_mm > 0:
+            raise ValueError(f"pixel_spacing_mm must be > 0 mm (or None: unknown), got {pixel_spacing_mm}")
         self.tolerance_mm = tolerance_mm
         self.pixel_spacing_mm = pixel_spacing_mm
         self.surface_distance = surface_distance
@@ -231,6 +243,7 @@ class LocalisationMetrics(Metric):
         *,
         known: torch.Tensor | None = None,
         pixel_spacing_mm: float | torch.Tensor | None = None,
+        source_shape: torch.Tensor | None = None,
     ) -> None:
         """Scores the slices whose mask is known and holds lesion and non-lesion head pixels; skips the rest.
 
@@ -239,31 +252,40 @@ class LocalisationMetrics(Metric):
             masks: ``(B, H, W)`` lesion masks, 0/1, on the same grid.
             head: ``(B, H, W)`` head masks, 0/1: scoring ignores every other pixel; None: the whole slice.
             known: ``(B,)`` bool: the slice's mask is known (``CTBatch["has_mask"]``); None: every mask is.
-            pixel_spacing_mm: Pixel size in mm, one for all or ``(B,)``; None or NaN: the constructor's.
+            pixel_spacing_mm: mm per pixel of the maps' grid, one for all or ``(B,)``; None or NaN: the
+                constructor's, else unknown.
+            source_shape: ``(B, 2)`` rows, columns of the source slices (``CTBatch["source_shape"]``): the unit of
+                slices of unknown spacing; None: pixels of the maps' grid.
         """
         if maps.dim() != 3 or masks.shape != maps.shape or (head is not None and head.shape != maps.shape):
             raise ValueError(
                 f"maps, masks and head must share one (B, H, W) shape, got {tuple(maps.shape)}, "
                 f"{tuple(masks.shape)} and {None if head is None else tuple(head.shape)}"
             )
-        spacing = spacing_per_slice(pixel_spacing_mm, self.pixel_spacing_mm, len(maps), maps.device)
+        spacing, in_mm = slice_spacing(
+            pixel_spacing_mm, source_shape, maps.shape[-1], len(maps), maps.device, default_mm=self.pixel_spacing_mm
+        )
         scored, scores = score_slices(
             maps, masks, head, known=known, tolerance_px=self.tolerance_mm / spacing, spacing_mm=spacing,
-            surface_distance=self.surface_distance,
+            in_mm=in_mm, surface_distance=self.surface_distance,
         )  # fmt: skip
         if not scored.any():
             return
         for name in self.MEANS:
             setattr(self, name, getattr(self, name) + scores[name].sum())
         self.slices += scored.sum()
+        self.pixel_slices += (~in_mm[scored]).sum()
         if self.surface_distance:
-            measured = ~scores["hd95_mm"].isnan()
-            self.hd95_mm += scores["hd95_mm"][measured].sum()
-            self.hd95_slices += measured.sum()
+            for unit in ("mm", "px"):
+                distances = scores[f"hd95_{unit}"]
+                measured = ~distances.isnan()
+                setattr(self, f"hd95_{unit}", getattr(self, f"hd95_{unit}") + distances[measured].sum())
+                name = "hd95_slices" if unit == "mm" else "hd95_px_slices"
+                setattr(self, name, getattr(self, name) + measured.sum())
 
     def compute(self) -> dict[str, torch.Tensor]:
         """Means over the scored slices (NaN before any), ``energy_ratio`` = mean energy / mean mask fraction;
-        ``hd95_mm`` over the slices where it exists (only with ``surface_distance``)."""
+        ``hd95_mm`` and ``hd95_px`` over the slices where each exists (only with ``surface_distance``)."""
 
         def mean(total: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
             return total / count if count > 0 else total.new_tensor(float("nan"))
@@ -272,7 +294,8 @@ class LocalisationMetrics(Metric):
         means["energy_ratio"] = means["energy"] / means["mask_fraction"]
         if self.surface_distance:
             means.update(hd95_mm=mean(self.hd95_mm, self.hd95_slices), hd95_slices=self.hd95_slices)
-        return {**means, "slices": self.slices}
+            means.update(hd95_px=mean(self.hd95_px, self.hd95_px_slices), hd95_px_slices=self.hd95_px_slices)
+        return {**means, "slices": self.slices, "pixel_slices": self.pixel_slices}
 
 
 def upsample(maps: torch.Tensor, size: tuple[int, int] | torch.Size) -> torch.Tensor:
@@ -325,27 +348,33 @@ def scores_per_slice(
     maps: dict[str, torch.Tensor], batch: dict, *, tolerance_mm: float, sources: tuple[str, ...] = MAP_SOURCES
 ) -> dict[str, torch.Tensor]:
     """Every slice's localisation scores ``{source}_{score}`` (:data:`SCORES`), ``(B,)`` float64 each, scored exactly
-    as :class:`LocalisationMetrics` scores them (HD95 only for :data:`SURFACE_DISTANCE_SOURCES`); NaN on the slices
-    it skips (no known, non-empty lesion mask): what ``vit-ct predict`` writes and the review lists.
+    as :class:`LocalisationMetrics` scores them (HD95 only for :data:`SURFACE_DISTANCE_SOURCES`, as ``hd95_mm``, or
+    as ``hd95_px`` on slices without a pixel spacing, with a warning saying so once); NaN on the slices it skips (no
+    known, non-empty lesion mask): what ``vit-ct predict`` writes and the review lists.
 
     Args:
         maps: ``{source: (B, S, S)}``, as :func:`localisation_maps` returns them.
-        batch: the :class:`vit_ct.CTBatch` (``mask``, ``head``, ``has_mask``, optional ``pixel_spacing_mm``).
-        tolerance_mm: Pointing-game tolerance.
+        batch: the :class:`vit_ct.CTBatch` (``mask``, ``head``, ``has_mask``, optional ``pixel_spacing_mm`` and
+            ``source_shape``).
+        tolerance_mm: Pointing-game tolerance (in source pixels on slices without a pixel spacing).
         sources: The map sources to score.
     """
     mask, head = batch["mask"][:, 0], batch["head"][:, 0]
     n, device = len(mask), mask.device
-    spacing = spacing_per_slice(batch.get("pixel_spacing_mm"), model_grid_spacing_mm(mask.shape[-1]), n, device)
+    spacing, in_mm = slice_spacing(batch.get("pixel_spacing_mm"), batch.get("source_shape"), mask.shape[-1], n, device)
     out = {}
     for source in sources:
         scored, scores = score_slices(
             maps[source], mask, head, known=batch["has_mask"], tolerance_px=tolerance_mm / spacing,
-            spacing_mm=spacing, surface_distance=source in SURFACE_DISTANCE_SOURCES,
+            spacing_mm=spacing, in_mm=in_mm, surface_distance=source in SURFACE_DISTANCE_SOURCES,
         )  # fmt: skip
         for name in SCORES:
             column = torch.full((n,), float("nan"), dtype=torch.float64, device=device)
             if name in scores:
                 column[scored] = scores[name].double()
             out[f"{source}_{name}"] = column
+    note = pixel_units_note(tolerance_mm)
+    if note not in _SAID and (~in_mm & ~out[f"{sources[0]}_pointing"].isnan()).any():  # scored in pixels
+        _SAID.add(note)  # once per process: Python's own once-per-line is reset by any code that changes a filter
+        warnings.warn(note, UserWarning, stacklevel=2)
     return out

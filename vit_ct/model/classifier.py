@@ -20,7 +20,6 @@ from torch import nn
 from vit_ct.data.contract import CHECKPOINT_KEY as INPUT_CONTRACT
 from vit_ct.data.contract import InputContract
 from vit_ct.explain.attention import record_attention
-from vit_ct.explain.localisation import model_grid_spacing_mm
 from vit_ct.explain.maps import Explained, explain_forward
 from vit_ct.explain.sink import sink_per_slice
 from vit_ct.metrics.classification import classification_metrics
@@ -98,7 +97,8 @@ class ViTClassifier(L.LightningModule):
         rollout_head_fusion: How attention rollout fuses the heads of a block (``mean``, ``max``, ``min``).
         rollout_discard_ratio: Share of the lowest attention weights rollout discards per block.
         localisation_tolerance_mm: Pointing-game tolerance of the validation and test localisation metrics, in mm
-            on each slice's own pixel spacing (read from the file; slices without one are assumed to span 230 mm).
+            on each slice's own pixel spacing (from the file, else the manifest's ``pixel_spacing_mm``); in pixels of
+            the source slice for a slice without one, said in one warning.
         grad_checkpointing: Recompute block activations in the backward pass (less memory, ~30% slower); not while
             the attention loss is on (``attention_loss_weight`` > 0), whose attention must stay in the graph.
         weights: Initial weights: a vit-ct checkpoint or a timm state-dict file. Channels, position grid and
@@ -244,15 +244,10 @@ class ViTClassifier(L.LightningModule):
                 for stage in STAGES
             }
         )
-        spacing = model_grid_spacing_mm(h.img_size)  # for slices whose files give no pixel spacing
         self.map_metrics = nn.ModuleDict(
-            {
-                stage: MapMetrics(
-                    len(self.vit.blocks), tolerance_mm=h.localisation_tolerance_mm, pixel_spacing_mm=spacing
-                )
-                for stage in STAGES
-            }
-        )
+            {stage: MapMetrics(len(self.vit.blocks), tolerance_mm=h.localisation_tolerance_mm, stage=stage)
+             for stage in STAGES}
+        )  # fmt: skip
 
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path, map_location=None, hparams_file=None, strict=None, **kwargs):

@@ -95,6 +95,15 @@ def check_output_dir(output_dir: Path, *, overwrite: bool, inputs: Iterable[str 
             )
 
 
+def unmeasured_distances(table: pd.DataFrame) -> list[str]:
+    """The HD95 columns of a unit no slice was measured in: ``*_hd95_px`` (slices without a pixel spacing, in pixels
+    of the source slice) unless some slice had no spacing, and then ``*_hd95_mm`` where every value is empty."""
+    pixels = [c for c in table.columns if c.endswith("_hd95_px")]
+    if table[pixels].isna().all().all():
+        return pixels
+    return [c for c in table.columns if c.endswith("_hd95_mm") and table[c].isna().all()]
+
+
 class PredictionWriter(BasePredictionWriter):
     """Writes each predicted slice's rollout map and overlay, then ``predictions.csv`` once all ranks are done.
 
@@ -196,6 +205,7 @@ class PredictionWriter(BasePredictionWriter):
             frames = [pd.read_csv(p) for p in parts if p.stat().st_size > 1]
             # A distributed sampler repeats a few slices to even out the ranks: keep each slice once.
             table = pd.concat(frames).drop_duplicates("index").sort_values("index").drop(columns="index")
+            table = table.drop(columns=unmeasured_distances(table))
             with atomic_write(self.output_dir / "predictions.csv") as tmp:
                 table.to_csv(tmp, index=False)
             with atomic_write(self.output_dir / "run.json") as tmp:  # where the slices are: the review reads them
