@@ -1,13 +1,43 @@
-"""vit-ct: Vision Transformers for CT slices, with attention-rollout maps over the lesion."""
+"""vit-ct: Vision Transformers for CT slices, with attention-rollout maps over the lesion.
 
-from vit_ct.data.datamodule import CTBatch, CTSliceDataModule, CTSliceDataset
-from vit_ct.data.reader import load_ct_slice, load_mask
-from vit_ct.data.windows import WINDOW_PRESETS, stack_windows, window_hu
-from vit_ct.explain.attention import record_attention
-from vit_ct.explain.rollout import attention_rollout, gradient_rollout, last_block_attention
-from vit_ct.model import ViTClassifier
+The public names below are imported on first use (PEP 562): ``import vit_ct`` costs no torch, Lightning or timm, so
+that ``vit-ct --help`` answers at once, while ``from vit_ct import ViTClassifier`` and ``class_path:
+vit_ct.ViTClassifier`` in a saved config work as before.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
 from vit_ct.run.aliases import register_aliases
-from vit_ct.sim.synthetic import SyntheticCTDataModule
+
+# public name -> the module that defines it
+_PUBLIC = {
+    "CTBatch": "vit_ct.data.datamodule",
+    "CTSliceDataModule": "vit_ct.data.datamodule",
+    "CTSliceDataset": "vit_ct.data.datamodule",
+    "load_ct_slice": "vit_ct.data.reader",
+    "load_mask": "vit_ct.data.reader",
+    "WINDOW_PRESETS": "vit_ct.data.windows",
+    "stack_windows": "vit_ct.data.windows",
+    "window_hu": "vit_ct.data.windows",
+    "record_attention": "vit_ct.explain.attention",
+    "attention_rollout": "vit_ct.explain.rollout",
+    "gradient_rollout": "vit_ct.explain.rollout",
+    "last_block_attention": "vit_ct.explain.rollout",
+    "ViTClassifier": "vit_ct.model.classifier",
+    "SyntheticCTDataModule": "vit_ct.sim.synthetic",
+}
+
+if TYPE_CHECKING:  # what the names are, for type checkers and editors
+    from vit_ct.data.datamodule import CTBatch, CTSliceDataModule, CTSliceDataset
+    from vit_ct.data.reader import load_ct_slice, load_mask
+    from vit_ct.data.windows import WINDOW_PRESETS, stack_windows, window_hu
+    from vit_ct.explain.attention import record_attention
+    from vit_ct.explain.rollout import attention_rollout, gradient_rollout, last_block_attention
+    from vit_ct.model.classifier import ViTClassifier
+    from vit_ct.sim.synthetic import SyntheticCTDataModule
 
 __all__ = [
     "WINDOW_PRESETS",
@@ -26,5 +56,18 @@ __all__ = [
     "window_hu",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name not in _PUBLIC:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_PUBLIC[name]), name)
+    globals()[name] = value  # imported once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_PUBLIC})
+
 
 register_aliases()

@@ -6,8 +6,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vit_ct.data.scans import write_scan_manifest
-
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
@@ -21,6 +19,9 @@ def main(argv: list[str] | None = None) -> None:
         "--overwrite", action="store_true", help="replace an existing manifest (its labels are lost); refused without"
     )
     args = parser.parse_args(argv)
+    from vit_ct.data.scans import write_scan_manifest  # here: `vit-ct manifest --help` answers without it
+    from vit_ct.run.console import counted
+
     if Path(args.output).exists() and not args.overwrite:
         parser.exit(2, f"vit-ct manifest: {args.output} exists (labels filled in would be lost); pass --overwrite\n")
     try:
@@ -28,12 +29,14 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as err:  # a missing path, or no CT at all: the message names them
         parser.exit(2, f"vit-ct manifest: {err}\n")
     slices = sum(len(s.images) for s in scans)
-    print(f"{path}: {slices} slices of {len(scans)} scans; fill in the label column (0 = no lesion) to train on it")
+    print(f"{path}: {counted(slices, 'slice')} of {counted(len(scans), 'scan')}; fill in the label column (0 = no"
+          " lesion) to train on it")  # fmt: skip
     for scan in scans:
         notes = f"  ({'; '.join(scan.notes)})" if scan.notes else ""
-        print(f"  {scan.scan_id}: {len(scan.images)} slices, {scan.description or scan.source}{notes}")
+        print(f"  {scan.scan_id}: {counted(len(scan.images), 'slice')}, {scan.description or scan.source}{notes}")
     if skipped:
-        print(f"{len(skipped)} files skipped (not CT slices), listed in {path.with_name(path.stem + '.skipped.csv')}:")
+        listed = path.with_name(path.stem + ".skipped.csv")
+        print(f"{counted(len(skipped), 'file')} skipped (not CT slices), listed in {listed}:")
         for s in skipped[:20]:
             print(f"  {s.path}: {s.reason}")
         if len(skipped) > 20:

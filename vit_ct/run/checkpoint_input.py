@@ -6,6 +6,7 @@ overruled in one line each, never a crash and never a silent resize to another m
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -63,35 +64,43 @@ def follow_checkpoint(config: Namespace, subcommand: str, *, command_line: Seque
         return []
     path, checkpoint, kind = found
     contract = InputContract.from_checkpoint(checkpoint)
+    source = "shipped weights" if shipped.is_shipped(str(path)) else "checkpoint"
     lines = []
     model = config.get("model")
     if kind == "ckpt_path" and model is not None:  # start weights of a config (finetune.yaml's shipped ones) give way
         for name in ("pretrained", "weights"):
             if model.get(name):
-                lines.append(f"model.{name}: None (the checkpoint {path} holds the weights; the config said"
-                             f" {model.get(name)!r})")  # fmt: skip
+                lines.append(f"weights follow the checkpoint: model.{name}: None (the checkpoint {path} holds the"
+                             f" weights; the config said {model.get(name)!r})")  # fmt: skip
                 model[name] = None
     if kind == "weights":
         hparams = checkpoint["hyper_parameters"]
         for name in ARCHITECTURE:
             value = hparams.get(name, False if name == "mask_air" else None)  # before mask_air: every patch a key
-            if config.model.get(name) != value:
-                said = config.model.get(name)
-                if not (name == "stem" and said is None):  # stem None: the weights' own, nothing to overrule
-                    lines.append(f"model.{name}: {value!r} (the network of the weights {path}; the config said"
-                                 f" {said!r})")  # fmt: skip
-                config.model[name] = value
+            said = config.model.get(name)
+            if said == value:
+                continue
+            config.model[name] = value
+            if name == "stem" and said is None:  # stem None: the weights' own, nothing to overrule
+                continue
+            own = _architecture_own(hparams.get("arch"), name) if value is None and said is not None else None
+            if own is not None and own == said:
+                continue  # None is the architecture's own value, which the config gave: nothing changes
+            shown = f"{own}, {hparams.get('arch')}'s own" if own is not None else repr(value)
+            lines.append(f"network follows the {source}: model.{name}: {shown} (the network of the weights {path};"
+                         f" the config said {said!r})")  # fmt: skip
     for name, value in contract.data_arguments().items():
         if name not in data or _same(name, data[name], value):
             continue
         if kind == "weights" and name in ("img_size", "windows") and _typed(command_line, name):
             lines.append(
-                f"data.{name}: {_show(name, data[name])} as typed on the command line; the weights {path} were"
-                f" trained with {_show(name, value)} and are adapted to it"
+                f"input as typed: data.{name}: {_show(name, data[name])} as typed on the command line; the weights"
+                f" {path} were trained with {_show(name, value)} and are adapted to it"
             )
             continue
         lines.append(
-            f"data.{name}: {_show(name, value)} (as {path} was trained; the config said {_show(name, data[name])})"
+            f"input follows the {source}: data.{name}: {_show(name, value)} (as {path} was trained; the config said"
+            f" {_show(name, data[name])})"
         )
         data[name] = value
     if contract.windows is None and len(parse_windows(data["windows"])) != contract.in_chans:
@@ -102,7 +111,27 @@ def follow_checkpoint(config: Namespace, subcommand: str, *, command_line: Seque
         )
     if "img_size" in data:
         config.model.img_size = data["img_size"]  # the link data -> model, applied again after the change
-    return [f"input follows the checkpoint: {line}" for line in lines]
+    return lines
+
+
+@functools.cache
+def _architecture_values(arch: str) -> dict[str, int]:
+    """``embed_dim``, ``depth`` and ``num_heads`` of a timm architecture as timm builds it (on the meta device: no
+    memory, no weights; ~0.2 s): what None means for them in a checkpoint's hyper-parameters."""
+    import timm
+    import torch
+
+    with torch.device("meta"):
+        network = timm.create_model(arch, pretrained=False)
+    return {"embed_dim": network.embed_dim, "depth": len(network.blocks), "num_heads": network.blocks[0].attn.num_heads}
+
+
+def _architecture_own(arch: str | None, name: str) -> int | None:
+    """The architecture's own value of ``name`` (None when unknown: not one of its sizes, or not a timm ViT)."""
+    try:
+        return _architecture_values(arch).get(name) if arch else None
+    except Exception:  # an architecture timm cannot build here: the line says None, as the checkpoint does
+        return None
 
 
 def _same(name: str, configured: Any, recorded: Any) -> bool:

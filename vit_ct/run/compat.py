@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from jsonargparse import ArgumentParser
 from lightning.fabric.plugins.precision import precision as precision_module
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, RichModelSummary
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.loops import _FitLoop
@@ -30,6 +30,8 @@ CHECKED_ON = {
 PRIVATE_NAMES: list[tuple[Any, str, str]] = [
     (LightningCLI, "_parse_ckpt_path", "overridden: a bad --ckpt_path is named before torch.load fails without it"),
     (LightningCLI, "_get", "the trainer's config as instantiated, to see whether the user chose a CheckpointIO"),
+    (LightningCLI, "_prepare_subcommand_parser", "overridden: each subcommand's own options (--output_dir: predict)"),
+    (lambda: RichModelSummary(), "_max_depth", "the depth of the summary that ModelSummaryTable replaces"),
     (ModelCheckpoint, "_save_monitor_checkpoint", "overridden: a NaN val/auroc never makes a best checkpoint"),
     (ModelCheckpoint, "_save_last_checkpoint", "last.ckpt refreshed at every validation, not only with a new best"),
     (ModelCheckpoint, "_monitor_candidates", "the metrics last.ckpt's name and monitor read"),
@@ -59,6 +61,11 @@ def missing_private_names() -> list[str]:
 def subcommand_defaults(parser: ArgumentParser, subcommand: str):
     """The defaults of a subcommand's own parser (jsonargparse keeps them in its subcommands action)."""
     return parser._subcommands_action._name_parser_map[subcommand].get_defaults()
+
+
+def model_summary_depth(callback: RichModelSummary) -> int:
+    """How deep a Lightning model summary callback lists modules."""
+    return callback._max_depth
 
 
 def wandb_init_arguments(logger: WandbLogger) -> dict[str, Any]:
@@ -94,6 +101,13 @@ def cpu_bf16_instructions() -> tuple[bool, bool]:
 def mkldnn_bf16_supported() -> bool:
     """oneDNN's bf16 check (on Arm: the bf16 extension; on x86 it also says yes where bf16 is only emulated)."""
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def missing_required(message: str) -> list[str]:
+    """The keys jsonargparse's message names as required and not given (``predict.output_dir``), if it is that
+    message (its format: :data:`CHECKED_ON`)."""
+    found = re.search(r"the following arguments are required: (.*)", message)
+    return [key.strip() for key in found.group(1).split(",")] if found else []
 
 
 def summarise_parser_error(message: str) -> str:

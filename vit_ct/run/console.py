@@ -1,20 +1,17 @@
 """What a ``vit-ct`` command prints when it does not simply succeed: an error in one line naming the input at fault
-(``--debug`` or ``VIT_CT_DEBUG=1``: the traceback), a bad option value in one line naming the option, an
-interruption in one line saying what was left; and Lightning's lines a user can do nothing about, filtered out."""
+(``--debug`` or ``VIT_CT_DEBUG=1``: the traceback), an interruption in one line saying what was left; and Lightning's
+lines a user can do nothing about, filtered out. Standard library only: the command's fast paths (``--help``) use it
+before torch is imported. (A bad option value is named in one line by the parser: ``vit_ct.run.command``.)"""
 
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import sys
 import traceback
 import warnings
 from pathlib import Path
 
-from lightning.pytorch.cli import LightningArgumentParser
-
-from vit_ct.run.compat import summarise_parser_error
 from vit_ct.run.interrupts import EXIT_STATUS, received_signal
 
 DEBUG = "VIT_CT_DEBUG"  # set (or `--debug`): errors print their full traceback
@@ -33,26 +30,23 @@ class _NoNoise(logging.Filter):
 
 
 def quiet_lightning() -> None:
-    """Filters out of Lightning's output what a vit-ct user cannot act on (:class:`_NoNoise`, and two warnings)."""
+    """Filters out of Lightning's output what a vit-ct user cannot act on (:class:`_NoNoise`, the warnings below)."""
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch.trainer.connectors.signal_connector"):
-        logging.getLogger(name).addFilter(_NoNoise())
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _NoNoise) for f in logger.filters):  # once, however many commands a process runs
+            logger.addFilter(_NoNoise())
     # Lightning's own pytree helper uses a torch API that torch >= 2.10 deprecates, on every predict and test
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
     # predict runs without the checkpoint's ModelCheckpoint on purpose (it writes no checkpoints)
     warnings.filterwarnings("ignore", message="Be aware that when using `ckpt_path`, callbacks used to create")
+    # The model summary knows no size for mixed precision and counts 32 bits a parameter, which is what mixed
+    # precision keeps its weights in: the estimate is right and the warning (on every bf16 / fp16 run) is not.
+    warnings.filterwarnings("ignore", message=r"Precision \S+-mixed is not supported by the model summary")
 
 
-class CommandParser(LightningArgumentParser):
-    """LightningCLI's parser, whose error for a bad option value ends in one line naming the option, the value and
-    what was expected, instead of ~100 lines of usage (``--debug`` shows jsonargparse's own report)."""
-
-    def error(self, message: str, ex: Exception | None = None):
-        if not self.exit_on_error or os.environ.get(DEBUG, "") not in ("", "0"):
-            super().error(message, ex)
-        parser = getattr(ex, "subcommand_parser", None) or self
-        prog = parser.prog.replace(" [options]", "")
-        sys.stderr.write(f"{prog}: error: {summarise_parser_error(message)} (`{prog} --help` lists the options)\n")
-        sys.exit(2)
+def counted(n: int, noun: str) -> str:
+    """``1 scan``, ``2 scans``: a count and its noun (regular plurals)."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def print_interrupted(signum: signal.Signals, subcommand: list[str]) -> int:

@@ -15,8 +15,7 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_info
 
 from vit_ct.files import atomic_write
-
-LATEST_SUMMARY = Path("runs/latest/summary.json")  # from the project folder, where `make demo` runs
+from vit_ct.run.summary import LATEST_SUMMARY  # noqa: F401 (where runs/latest's summary is: read by the review)
 
 
 def run_dir(trainer: Trainer) -> Path:

@@ -8,11 +8,65 @@ import json
 import sys
 from pathlib import Path
 
-import pandas as pd
+from vit_ct.run.console import counted
 
-from vit_ct.run.runs import LATEST_SUMMARY
-
+LATEST_SUMMARY = Path("runs/latest/summary.json")  # from the project folder, where `make demo` runs
 LOCALISATION = ("pointing", "energy", "mask_fraction", "energy_ratio", "pixel_auroc", "dice", "hd95_mm")
+MAP_SOURCES = ("rollout", "floor_image", "floor_head", "perfect_patch")  # the map, its floors, its ceiling
+# The figures of a stage, in the order a reader looks for them: the decision first, then the maps' scores (and
+# `slices`, the number of lesion slices they were scored on); every other figure follows on as few lines as it takes.
+HEADLINE = ("auroc", "accuracy", "sensitivity", "specificity", "f1", "scan_auroc", "loss")
+MAP_SCORES = (*LOCALISATION[:6], "iou", "hd95_mm", "slices")
+LINE_WIDTH = 118
+
+
+def kept_checkpoint(checkpoint) -> str:
+    """What the checkpoint a fit keeps is: ``final weights`` (``checkpoint.monitor: null``, the demo's and the
+    fine-tune's rule: the last epoch's) or ``best <monitor> (<mode>)``, the epoch of the best monitored figure."""
+    monitor = getattr(checkpoint, "monitor", None)
+    return "final weights" if monitor is None else f"best {monitor} ({getattr(checkpoint, 'mode', 'max')})"
+
+
+def checkpoint_label(summary: dict) -> str:
+    """``final weights`` or ``best checkpoint``, from ``summary.json``'s ``kept_checkpoint`` (runs written before it
+    was recorded: ``best checkpoint``)."""
+    return "final weights" if summary.get("kept_checkpoint") == "final weights" else "best checkpoint"
+
+
+def metric_lines(metrics: dict[str, float], stage: str) -> list[str]:
+    """Every ``<stage>/...`` figure of ``metrics`` once, compactly: the headline scores on one line, the maps' scores
+    as a table (map x score), the rest packed into lines of at most :data:`LINE_WIDTH` characters."""
+    figures = {k.removeprefix(f"{stage}/"): v for k, v in metrics.items() if k.startswith(f"{stage}/")}
+    if not figures:
+        return []
+    head = [name for name in HEADLINE if name in figures]
+    lines = [f"{stage:<5} " + "  ".join(f"{name} {figures[name]:.4f}" for name in head)]
+    shown = set(head)
+    sources = [s for s in MAP_SOURCES if any(f"{s}_{score}" in figures for score in MAP_SCORES)]
+    scores = [score for score in MAP_SCORES if any(f"{s}_{score}" in figures for s in sources)]
+    if sources:
+        widths = [max(len(score), 8) + 2 for score in scores]  # values: 8 characters at most (`100.8016`)
+        lines.append(f"  {'map':<14}" + "".join(f"{score:>{w}}" for score, w in zip(scores, widths, strict=True)))
+        for source in sources:
+            cells = [_cell(score, figures.get(f"{source}_{score}")) for score in scores]
+            lines.append(f"  {source:<14}" + "".join(f"{cell:>{w}}" for cell, w in zip(cells, widths, strict=True)))
+            shown |= {f"{source}_{score}" for score in scores}
+    line = ""
+    for name in sorted(set(figures) - shown):
+        item = f"  {name} {_number(name, figures[name])}"
+        if line and len(line) + len(item) > LINE_WIDTH:
+            lines.append(line)
+            line = ""
+        line += item
+    return lines + ([line] if line else [])
+
+
+def _cell(score: str, value: float | None) -> str:
+    return "-" if value is None else _number(score, value)
+
+
+def _number(name: str, value: float) -> str:
+    return f"{value:.0f}" if name.endswith("slices") else f"{value:.4f}"  # `slices`: counts
 
 
 def read_summary(path: str | Path = LATEST_SUMMARY) -> dict:
@@ -25,23 +79,25 @@ def read_summary(path: str | Path = LATEST_SUMMARY) -> dict:
 
 def report(output_dir: str | Path, summary: dict) -> str:
     """Plain-text report of a demo: where the files are and the test figures, localisation beside its floors."""
+    import pandas as pd  # here: `python -m vit_ct.run.summary KEY` (make demo's) answers without it
+
     metrics = summary.get("metrics", {})
     output_dir = Path(output_dir)
     lines = [
         "",
         "vit-ct demo: done",
-        f"  best checkpoint   {summary.get('best_checkpoint')}",
+        f"  {checkpoint_label(summary):<17} {summary.get('best_checkpoint')}",
         f"  run folder        {summary.get('run_dir')}  (config.yaml, summary.json)",
         f"  W&B run (offline) {summary.get('wandb_dir')}",
         f"  trained on        {summary.get('machine')}, precision {summary.get('precision')}",
         f"  predictions       {output_dir / 'predictions.csv'}  (maps/*.npy, overlays/*.png)",
     ]
     if (output_dir / "predictions.csv").is_file():
-        lines[-1] += f": {len(pd.read_csv(output_dir / 'predictions.csv'))} slices"
+        lines[-1] += f": {counted(len(pd.read_csv(output_dir / 'predictions.csv')), 'slice')}"
     if (output_dir / "scans.csv").is_file():
         n_scans = len(pd.read_csv(output_dir / "scans.csv"))
         nifti = "(scans/*_ct.nii.gz, *_rollout.nii.gz)"
-        lines.append(f"  scans             {output_dir / 'scans.csv'}  {nifti}: {n_scans} scans")
+        lines.append(f"  scans             {output_dir / 'scans.csv'}  {nifti}: {counted(n_scans, 'scan')}")
     names = ("auroc", "accuracy", "sensitivity", "specificity", "scan_auroc")
     lines.append("  test  " + "  ".join(f"{n} {metrics[f'test/{n}']:.3f}" for n in names if f"test/{n}" in metrics))
     if "test/rollout_pointing" in metrics:

@@ -1,5 +1,5 @@
 """W&B runs of a command: offline unless the user configured W&B, placed beside the run folders, started without
-deprecated arguments, and ended with the command."""
+deprecated arguments or warnings, quiet (vit-ct prints a run's figures itself), and ended with the command."""
 
 from __future__ import annotations
 
@@ -23,6 +23,14 @@ def use_wandb_offline_unless_configured() -> None:
     os.environ["WANDB_MODE"] = "offline"
 
 
+def quiet_wandb_unless_configured() -> None:
+    """W&B's quiet mode unless the user chose W&B's verbosity (``WANDB_QUIET``, ``WANDB_SILENT``): W&B then still
+    says where the run is (and online, its URL), but not its run history and summary at the end, which would print
+    the figures a second time after vit-ct's own list (and cut to 10 rows)."""
+    if not os.environ.get("WANDB_QUIET") and not os.environ.get("WANDB_SILENT"):
+        os.environ["WANDB_QUIET"] = "true"
+
+
 def place_wandb_runs(config: Namespace) -> None:
     """A W&B logger without ``save_dir`` saves its run (and Lightning the checkpoints) under
     ``--trainer.default_root_dir``, else under ``runs/``; an explicit ``save_dir`` (or ``dir``) wins."""
@@ -32,6 +40,14 @@ def place_wandb_runs(config: Namespace) -> None:
         if is_wandb and logger.init_args.get("save_dir") is None and logger.init_args.get("dir") is None:
             # absolute: W&B writes its files from another thread, which must not follow a later change of directory
             logger.init_args.save_dir = os.path.abspath(config.trainer.get("default_root_dir") or "runs")
+
+
+def make_wandb_dirs(trainer: Trainer) -> None:
+    """Make each W&B logger's folder before its run starts. W&B reads the code's git commit from that folder, and
+    warns ("git root ... does not exist") instead when it is not there yet, as ``runs/`` is before a first fit."""
+    for logger in trainer.loggers:
+        if isinstance(logger, WandbLogger) and logger.save_dir:
+            Path(logger.save_dir).mkdir(parents=True, exist_ok=True)
 
 
 def drop_unset_anonymous(logger: WandbLogger) -> None:
