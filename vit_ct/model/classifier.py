@@ -8,7 +8,6 @@ groups and schedule :mod:`vit_ct.model.optim`.
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import replace
 from typing import Literal
 
@@ -30,15 +29,7 @@ from vit_ct.model.losses import Losses, PatchLosses, classification_loss
 from vit_ct.model.network import AirSkippingViT
 from vit_ct.model.optim import param_groups, warmup_cosine_schedule
 from vit_ct.model.stem import ConvStemPatchEmbed
-from vit_ct.model.weights import (
-    built_architecture,
-    choose_stem,
-    load_state,
-    pretrained_architecture,
-    pretrained_state_dict,
-    read_state_dict,
-    warn_overruled_architecture,
-)
+from vit_ct.model.weights import choose_stem, load_start, pretrained_architecture, read_start
 
 STAGES = ("val", "test")
 
@@ -167,13 +158,10 @@ class ViTClassifier(L.LightningModule):
         # hyper-parameters are made every argument the model is built with, so that nothing reads a fallback.
         self.hparams.update({k: v for k, v in arguments.items() if k not in self.hparams and k not in ignore})
         self.hparams.num_classes = num_classes  # resolved
-        start, source = None, None  # the start weights' state dict, and how errors and warnings name them
-        if weights:
-            start, source = read_state_dict(weights), f"weights file {weights}"
+        start = read_start(weights, pretrained)  # the start weights, or None
         if pretrained:  # the tag's architecture, recorded so that a checkpoint rebuilds it without the hub
-            start, source = pretrained_state_dict(pretrained), f"--model.pretrained {pretrained}"
             self.hparams.update(pretrained_architecture(pretrained))
-        self.hparams.stem = choose_stem(self.hparams.stem, start, source)  # resolved
+        self.hparams.stem = choose_stem(self.hparams.stem, start)  # resolved
         self.task: Literal["binary", "multiclass", "multilabel"] = (
             "multilabel" if multilabel else ("binary" if num_classes == 2 else "multiclass")
         )
@@ -185,11 +173,8 @@ class ViTClassifier(L.LightningModule):
         self.configure_models()
         self.configure_losses()
         self.configure_metrics()
-        if pretrained:
-            given = {k: v for k, v in arguments.items() if v != inspect.signature(ViTClassifier).parameters[k].default}
-            warn_overruled_architecture(pretrained, given, built_architecture(self.vit, self.hparams))
         if start is not None:
-            load_state(self, start, vit=self.vit, source=source)
+            load_start(self, start, arguments)
             if shipped.is_shipped(pretrained):  # until it is trained on other data, it sees as the weights did
                 self.input_contract = shipped.built_for(pretrained, img_size, in_chans) or self.input_contract
 

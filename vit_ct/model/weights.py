@@ -5,8 +5,9 @@ Channels, position-embedding grid and classifier head are adapted to the target 
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import timm
 import torch
@@ -51,6 +52,34 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     return obj
 
 
+class StartWeights(NamedTuple):
+    """The weights a network starts from: their tensors, how messages name them, and the pretrained tag (or None)."""
+
+    state: dict[str, torch.Tensor]
+    source: str
+    tag: str | None
+
+
+def read_start(weights: str | Path | None, pretrained: str | None) -> StartWeights | None:
+    """The start weights of ``ViTClassifier(weights=..., pretrained=...)``; None without any."""
+    if weights:
+        return StartWeights(read_state_dict(weights), f"weights file {weights}", None)
+    if pretrained:
+        return StartWeights(pretrained_state_dict(pretrained), f"--model.pretrained {pretrained}", pretrained)
+    return None
+
+
+def load_start(model: torch.nn.Module, start: StartWeights, arguments: dict[str, Any]) -> list[str]:
+    """Load the start weights into ``model`` (its timm network ``model.vit``) as :func:`load_state` does; first, for
+    a pretrained tag, warn about the architecture ``arguments`` (the model's, as passed) that its weights overruled.
+    Returns the keys left at their fresh initialisation."""
+    if start.tag is not None:
+        defaults = {name: p.default for name, p in inspect.signature(type(model)).parameters.items()}
+        given = {name: value for name, value in arguments.items() if name in defaults and value != defaults[name]}
+        warn_overruled_architecture(start.tag, given, built_architecture(model.vit, model.hparams))
+    return load_state(model, start.state, vit=model.vit, source=start.source)
+
+
 def _stem(state: dict) -> list[str]:
     return [k for k in state if k.startswith("patch_embed.") and "num_batches_tracked" not in k]
 
@@ -64,17 +93,15 @@ def stem_of(state: dict[str, torch.Tensor]) -> Literal["patch", "conv"] | None:
     return "conv" if "patch_embed.proj.0.weight" in state else None
 
 
-def choose_stem(
-    stem: Literal["patch", "conv"] | None, state: dict[str, torch.Tensor] | None, source: str | None
-) -> Literal["patch", "conv"]:
+def choose_stem(stem: Literal["patch", "conv"] | None, start: StartWeights | None) -> Literal["patch", "conv"]:
     """The stem to build: the one asked for; else the one the start weights hold (saying so when it is timm's linear
     patch embedding, which a default conv stem would have left behind), else the conv stem."""
     if stem is not None:
         return stem
-    held = stem_of(state) if state is not None else None
+    held = stem_of(start.state) if start is not None else None
     if held == "patch":
         rank_zero_warn(
-            f"{source} holds {STEM_NAMES['patch']}: the network is built with stem 'patch' so that it loads"
+            f"{start.source} holds {STEM_NAMES['patch']}: the network is built with stem 'patch' so that it loads"
             " (--model.stem conv starts a convolutional stem from scratch instead)"
         )
     return held or "conv"
