@@ -1,5 +1,6 @@
-"""SIGTERM (a scheduler's, `timeout`'s or `kill`'s) stops fit, test and predict like Ctrl-C: a one-line message, exit
-status 143, and the outputs as they were (a predict's OUT untouched, a fit's last.ckpt kept for resuming)."""
+"""SIGTERM (a scheduler's, `timeout`'s or `kill`'s) and Ctrl-C stop fit, test and predict: a one-line message, exit
+status 143 (130 for Ctrl-C), and the outputs as they were (a predict's OUT untouched, a fit's last.ckpt kept for
+resuming). DDP: tests/test_ddp_signals.py."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -14,7 +16,9 @@ import pandas as pd
 import pytest
 from npy_manifest import manifest_args, write_npy_manifest
 
+from vit_ct.run import interrupts
 from vit_ct.run.checkpoint import read_checkpoint
+from vit_ct.run.interrupts import LEADER_PID, Interrupted, deferred_interrupts, received_signal, stop_on_signals
 
 TESTS = Path(__file__).resolve().parent
 NO_LOGGER = ["--trainer.logger", "false"]
@@ -39,11 +43,21 @@ def _run(args: list[str], cwd: Path, *, ready: Path) -> subprocess.Popen:
     env = {**os.environ, "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1", "VIT_CT_PROBE_READY": str(ready)}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), env.get("PYTHONPATH")]))
     pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
-    return subprocess.Popen([VIT_CT, *args], cwd=cwd, env=env, start_new_session=True, **pipes)
+    return subprocess.Popen(
+        [VIT_CT, *args], cwd=cwd, env=env, start_new_session=True, preexec_fn=_default_sigint, **pipes
+    )
 
 
-def _terminate_when_ready(process: subprocess.Popen, ready: Path, *, group: bool = False) -> tuple[int, str]:
-    """Send SIGTERM once the probe says the run is mid-way (to the whole process group with ``group``)."""
+def _default_sigint() -> None:
+    """In the child: Ctrl-C reaches the command, as in a terminal, even where this test's runner ignores it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _terminate_when_ready(
+    process: subprocess.Popen, ready: Path, *, group: bool = False, signum: signal.Signals = signal.SIGTERM
+) -> tuple[int, str]:
+    """Send ``signum`` once the probe says the run is mid-way (to the whole process group with ``group``, as a
+    terminal sends Ctrl-C)."""
     deadline = time.monotonic() + 300
     while not ready.exists():
         if process.poll() is not None or time.monotonic() > deadline:
@@ -51,9 +65,9 @@ def _terminate_when_ready(process: subprocess.Popen, ready: Path, *, group: bool
             pytest.fail(f"the run ended before the probe was reached:\n{out[-2000:]}\n{err[-3000:]}")
         time.sleep(0.2)
     if group:
-        os.killpg(process.pid, signal.SIGTERM)
+        os.killpg(process.pid, signum)
     else:
-        process.send_signal(signal.SIGTERM)
+        process.send_signal(signum)
     out, err = process.communicate(timeout=120)
     return process.returncode, out + err
 
@@ -71,8 +85,12 @@ def _interrupted_line(output: str) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("group", [False, True], ids=["kill PID", "kill the process group, DataLoader workers too"])
-def test_sigterm_stops_predict_and_leaves_the_output_folder_as_it_was(data, tmp_path, group):
+@pytest.mark.parametrize(
+    ("group", "signum"),
+    [(False, signal.SIGTERM), (True, signal.SIGTERM), (True, signal.SIGINT)],
+    ids=["kill PID", "kill the process group, DataLoader workers too", "Ctrl-C (SIGINT to the process group)"],
+)
+def test_a_signal_stops_predict_and_leaves_the_output_folder_as_it_was(data, tmp_path, group, signum):
     out = tmp_path / "out"
     common = ["predict", *manifest_args(data), *NO_LOGGER, "--output_dir", str(out)]
     # a checkpoint, and a first predict whose outputs must survive the interrupted one
@@ -85,9 +103,10 @@ def test_sigterm_stops_predict_and_leaves_the_output_folder_as_it_was(data, tmp_
     ready = tmp_path / "ready"
     process = _run([*common, "--ckpt_path", ckpt, "--overwrite", "true", "--data.init_args.batch_size", "1", *workers,
                     *PAUSE], tmp_path, ready=ready)  # fmt: skip
-    status, output = _terminate_when_ready(process, ready, group=group)
-    assert status == 128 + signal.SIGTERM, output[-3000:]
-    assert _interrupted_line(output) == "vit-ct: interrupted (SIGTERM): --output_dir is as it was before this run"
+    status, output = _terminate_when_ready(process, ready, group=group, signum=signum)
+    assert status == 128 + signum, output[-3000:]
+    name = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
+    assert _interrupted_line(output) == f"vit-ct: interrupted ({name}): --output_dir is as it was before this run"
     assert "Traceback" not in output and "DataLoader worker" not in output
     assert _files(out) == before  # OUT untouched, and no partial folder left beside it
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]
@@ -95,15 +114,21 @@ def test_sigterm_stops_predict_and_leaves_the_output_folder_as_it_was(data, tmp_
 
 
 @pytest.mark.slow
-def test_sigterm_stops_fit_and_keeps_its_last_checkpoint(data, tmp_path):
+@pytest.mark.parametrize(
+    ("group", "signum"),
+    [(False, signal.SIGTERM), (True, signal.SIGINT)],
+    ids=["kill PID", "Ctrl-C (SIGINT to the process group)"],
+)
+def test_a_signal_stops_fit_and_keeps_its_last_checkpoint(data, tmp_path, group, signum):
     ready = tmp_path / "ready"
     root = tmp_path / "run"
     process = _run(["fit", *manifest_args(data), *NO_LOGGER, "--trainer.max_epochs", "3",
                     "--trainer.default_root_dir", str(root), *PAUSE], tmp_path, ready=ready)  # fmt: skip
-    status, output = _terminate_when_ready(process, ready)
-    assert status == 128 + signal.SIGTERM, output[-3000:]
-    assert _interrupted_line(output).startswith("vit-ct: interrupted (SIGTERM): the checkpoints written so far")
-    assert "Traceback" not in output
+    status, output = _terminate_when_ready(process, ready, group=group, signum=signum)
+    assert status == 128 + signum, output[-3000:]  # 130 for Ctrl-C: Lightning alone exits 1
+    name = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
+    assert _interrupted_line(output).startswith(f"vit-ct: interrupted ({name}): the checkpoints written so far")
+    assert "Traceback" not in output and "Detected KeyboardInterrupt" not in output  # vit-ct's line, not Lightning's
     last = read_checkpoint(root / "checkpoints" / "last.ckpt")  # whole, and at the end of the first epoch
     assert last["epoch"] == 0 and last["global_step"] == 2
 
@@ -118,3 +143,85 @@ def test_sigterm_stops_test(data, tmp_path):
     status, output = _terminate_when_ready(process, ready)
     assert status == 128 + signal.SIGTERM, output[-3000:]
     assert _interrupted_line(output) == "vit-ct: interrupted (SIGTERM): nothing half-written is left"
+
+
+@pytest.fixture
+def own_handlers(monkeypatch):
+    """vit-ct's handlers installed in this process for one test, and pytest's put back after it."""
+    monkeypatch.setattr(interrupts, "_state", {**interrupts._state, "received": None, "leader": None})
+    monkeypatch.setenv(LEADER_PID, "")
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    stop_on_signals()
+    yield
+    for signum, handler in saved.items():
+        signal.signal(signum, handler)
+
+
+def _deliver(signum: signal.Signals) -> None:
+    os.kill(os.getpid(), signum)
+    time.sleep(0.2)  # the handler runs at the next bytecode; an exception it raises surfaces here
+
+
+def test_a_second_signal_soon_after_the_first_does_not_cut_the_shutdown_short(own_handlers):
+    with pytest.raises(Interrupted):
+        _deliver(signal.SIGTERM)
+    assert received_signal() == signal.SIGTERM
+    _deliver(signal.SIGTERM)  # another rank's copy, or the scheduler's second: the shutdown goes on
+    _deliver(signal.SIGINT)
+    assert received_signal() == signal.SIGTERM
+    interrupts._state["at"] -= interrupts.REPEAT_WINDOW_S  # later on, a signal interrupts again (a stuck shutdown)
+    with pytest.raises(Interrupted):
+        _deliver(signal.SIGINT)
+    assert received_signal() == signal.SIGINT
+
+
+def test_ctrl_c_is_deferred_like_sigterm_in_a_protected_block(own_handlers):
+    with pytest.raises(Interrupted), deferred_interrupts():
+        _deliver(signal.SIGINT)
+        done = True  # the block runs to its end
+    assert done and received_signal() == signal.SIGINT
+
+
+# A DDP rank's main thread blocked in C, as in a collective: a second lock of a glibc mutex by its holder waits for
+# ever, with the GIL released and through signals, so no Python handler can run. A forked child stands for a
+# DataLoader worker.
+RANK = textwrap.dedent("""
+    import ctypes, os, time
+    from vit_ct.run.interrupts import stop_on_signals
+    stop_on_signals()
+    if os.fork() == 0:
+        print(os.getpid(), flush=True)  # the worker, running: its fork hooks are done
+        time.sleep(60)
+        os._exit(0)
+    libc, mutex = ctypes.CDLL(None), ctypes.create_string_buffer(64)  # zeros: PTHREAD_MUTEX_INITIALIZER
+    libc.pthread_mutex_lock(mutex)
+    libc.pthread_mutex_lock(mutex)
+""")
+
+
+@pytest.mark.parametrize("local_rank", ["1", "0"], ids=["a rank the leader started", "a vit-ct started by a leader"])
+def test_a_rank_started_by_a_vit_ct_leader_passes_its_signals_to_the_leader_at_once(local_rank):
+    """This test process plays the leader: the rank's SIGTERM and SIGINT must reach it while the rank's main thread
+    is blocked; a signal to the rank's forked worker must not; and the rank carries on until the leader ends it."""
+    received = []
+    saved = {s: signal.signal(s, lambda n, frame: received.append(n)) for s in (signal.SIGTERM, signal.SIGINT)}
+    env = {**os.environ, LEADER_PID: str(os.getpid()), "LOCAL_RANK": local_rank}
+    rank = subprocess.Popen([sys.executable, "-c", RANK], env=env, stdout=subprocess.PIPE, text=True)
+    worker = int(rank.stdout.readline())
+    try:
+        os.kill(worker, signal.SIGTERM)
+        time.sleep(1)
+        os.kill(rank.pid, signal.SIGTERM)
+        os.kill(rank.pid, signal.SIGINT)
+        deadline = time.monotonic() + (10 if local_rank == "1" else 2)
+        while len(received) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sorted(received) == ([signal.SIGINT, signal.SIGTERM] if local_rank == "1" else [])
+        assert rank.poll() is None  # carries on; here only the leader ends a rank
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
+        for pid in (worker, rank.pid):
+            os.kill(pid, signal.SIGKILL)
+        rank.wait()

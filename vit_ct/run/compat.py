@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import lightning.pytorch
 import torch
 from jsonargparse import ArgumentParser
 from lightning.fabric.plugins.precision import precision as precision_module
@@ -15,6 +16,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint, RichModelSummary
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.loops import _FitLoop
+from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnector
 from timm.models import VisionTransformer
 
 # Checked on the declared floors (pyproject.toml, `make floors`) and on the newest releases of the day.
@@ -38,6 +40,8 @@ PRIVATE_NAMES: list[tuple[Any, str, str]] = [
     (ModelCheckpoint, "_should_skip_saving_checkpoint", "no second last.ckpt at a step Lightning just saved"),
     (ModelCheckpoint, "_should_save_on_train_epoch_end", "which hook saves for this trainer"),
     (_FitLoop, "_load_combined_loader_states", "a resumed loader's state applied before its first batch"),
+    (_SignalConnector, "_sigterm_notifier_fn", "overridden: Lightning's SIGTERM handler runs a DDP collective"),
+    (lambda: lightning.pytorch.Trainer(logger=False), "_signal_connector", "replaced by vit-ct's SignalConnector"),
     (ArgumentParser, "_subcommands_action", "predict's own defaults, to tell the default logger from a chosen one"),
     (lambda: WandbLogger(project="vit-ct", offline=True), "_wandb_init", "wandb.init's arguments: drop `anonymous`"),
     (VisionTransformer, "_pos_embed", "inherited by the air-skipping network, whose forward_features is timm's own"),

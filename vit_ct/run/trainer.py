@@ -1,4 +1,5 @@
-"""Lightning's ``Trainer`` with one addition: ``precision="auto"``, the fastest precision the hardware has."""
+"""Lightning's ``Trainer`` with two additions: ``precision="auto"``, the fastest precision the hardware has, and a
+SIGTERM handler that cannot deadlock DDP ranks (:mod:`vit_ct.run.signal_connector`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from vit_ct.run.compat import PrecisionInput
 from vit_ct.run.hardware import AUTO, accelerator_name, resolve_precision
+from vit_ct.run.signal_connector import SignalConnector
 
 
 class Trainer(L.Trainer):
@@ -33,3 +35,4 @@ class Trainer(L.Trainer):
         if reason is not None:
             rank_zero_info(f"precision: {precision} (auto: {reason})")
         super().__init__(accelerator=accelerator, precision=precision, **kwargs)
+        self._signal_connector = SignalConnector(self)  # SIGTERM under DDP without a collective in the handler
