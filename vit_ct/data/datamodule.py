@@ -62,13 +62,14 @@ class CTSliceDataModule(SliceDataModule):
         scanner_augment: Also another scanner's reconstruction kernel, dose and HU calibration, in HU before the
             windows (:class:`~vit_ct.data.scanner_augment.ScannerAugmentation`, MONAI's Gaussian filter), on the
             training split: for CT from scanners the training set does not have.
-        cache: ``true`` (or ``memory``): keep preprocessed slices in memory, windowed before the first epoch (fast
-            epochs for sets that fit). Under DDP each rank caches only its shard of the evaluation splits, but the
-            whole training split (its shards are dealt anew every epoch). They are filled from float32 HU on the
-            model grid that the pre-run check stores under ``cache_dir`` (256 KiB a slice at 256), so that a later
-            run reads no file. ``disk``: store every slice once on the model grid (float16 HU, windowed when a batch
-            is read) in memory-mapped files under ``cache_dir``, shared by every worker and rank, rebuilt only where
-            files or the grid change (large sets: 128 KiB a slice at 256). ``false``: read every file every epoch.
+        cache: ``true`` (or ``memory``): keep preprocessed slices in memory (fast epochs for sets that fit): float32
+            HU on the model grid, windowed as each batch is read, copied before the first epoch from what the
+            pre-run check stores under ``cache_dir`` (256 KiB a slice at 256), so that a later run reads no file.
+            Under DDP each rank holds only its shard of the evaluation splits, but the whole training split (its
+            shards are dealt anew every epoch). ``disk``: store every slice once on the model grid (float16 HU,
+            windowed when a batch is read) in memory-mapped files under ``cache_dir``, shared by every worker and
+            rank, rebuilt only where files or the grid change (large sets: 128 KiB a slice at 256). ``false``: read
+            every file every epoch.
         cache_dir: Folder of the check record (every file's verdict, so later runs read no file again) and of the
             disk cache; None: ``$VIT_CT_CACHE_DIR``, else ``~/.cache/vit-ct``.
         split_fractions: Train/val/test fractions of patients for rows without a ``split``.

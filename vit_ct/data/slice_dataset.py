@@ -19,7 +19,7 @@ from vit_ct.data.reader import load_ct_slice, load_mask, read_pixel_spacing
 from vit_ct.data.slice_cache import SliceCache
 from vit_ct.progress import track
 
-_FILL_CHUNK = 256  # slices windowed at once when the in-memory cache is filled from the disk cache
+_FILL_CHUNK = 256  # slices copied at once when the in-memory cache is filled from the disk cache
 
 
 class CTBatch(TypedDict):
@@ -91,13 +91,13 @@ class CTSliceDataset(Dataset):
         windows: HU windows, one channel each.
         img_size: Side of the model input.
         label_columns: Multi-label columns; None reads ``label``.
-        cache: Keep every preprocessed slice in memory after the first read (from ``store`` when given: its HU,
-            windowed once).
+        cache: Keep every preprocessed slice in memory after the first read; from ``store`` when given: its HU on
+            the model grid, copied once, windowed as each batch is read.
         read_options: Keyword arguments of :func:`~vit_ct.data.reader.load_ct_slice` (``modalities``,
             ``stored_values_are_hu``).
         store: Read the slices from this disk cache instead of their files (slot of each row in the table's
-            ``cache_slot``); without ``cache``, items then hold HU on the model grid, windowed later (``CTBatch``),
-            but ``load`` still gives them windowed.
+            ``cache_slot``); items then hold HU on the model grid, windowed later (``CTBatch``), but ``load`` still
+            gives them windowed. With ``cache``, items are as from the files, from HU copied into memory first.
         hu_items: Items from the files hold HU too, windowed where the batch lands (for augmentation in HU).
     """
 
@@ -127,7 +127,9 @@ class CTSliceDataset(Dataset):
         # mm per pixel of the manifest's `pixel_spacing_mm` (NaN where empty): for files that carry no spacing
         given = self.table.get(SPACING_COLUMN)
         self.given_spacing = None if given is None else given.to_numpy(dtype=np.float64, na_value=np.nan)
-        self._cache: dict[int, dict] | None = {} if cache else None
+        # Rows held in memory: their item (read from the files), or their place in `_held` (copied from the store)
+        self._cache: dict[int, dict | int] | None = {} if cache else None
+        self._held: dict[str, torch.Tensor] = {}  # the store's batch keys, one block of rows each
 
     def __len__(self) -> int:
         return len(self.table)
@@ -137,12 +139,10 @@ class CTSliceDataset(Dataset):
         ``hu_items``)."""
         if self.store is not None:
             return apply_windows(self._stored_items([index])[0], self.windows)
+        if self._source is not None:
+            return self._held_items([index])[0]
         if self._cache is not None and index in self._cache:
             return self._cache[index]
-        if self._source is not None:
-            item = self._source_items([index])[0]
-            self._cache[index] = item
-            return item
         row = self.table.iloc[index]
         hu = load_ct_slice(row["image"], frame=manifest_frame(row), **self.read_options)
         mask_path = row.get("mask")
@@ -170,24 +170,38 @@ class CTSliceDataset(Dataset):
             for index in track(rows, description=description, transient=True):
                 self.load(index)
             return
-        rows = [index for index in rows if index not in self._cache]
-        for start in track(range(0, len(rows), _FILL_CHUNK), description=description, transient=True):
-            chunk = rows[start : start + _FILL_CHUNK]
-            self._cache.update(zip(chunk, self._source_items(chunk), strict=True))
+        self._hold(rows, description)
 
-    def _source_items(self, rows: Sequence[int]) -> list[dict]:
-        """Items of ``rows`` from the store, as `slice_item` makes them from the files (the store holds the same
-        float32 HU on the model grid), windowed in one pass; views of one block per key, so that forked DataLoader
-        workers share the pages instead of copying an object per slice."""
-        rows = np.asarray(rows, dtype=np.int64)
-        batch = self._source.batch(self.slots[rows])
-        hu = batch["hu"].float()
-        mask = batch["mask"].float() if "mask" in batch else torch.zeros_like(hu)
-        batch.update(hu=hu, mask=mask, label=self.labels[rows], index=torch.from_numpy(rows))
-        self._fill_spacing(batch, rows)
-        if not self.hu_items:
-            batch = apply_windows(batch, self.windows)
-        return [{key: value[i] for key, value in batch.items()} for i in range(len(rows))]
+    def _hold(self, rows: Sequence[int], description: str | None = None) -> None:
+        """Copy the slices of ``rows`` from the store into memory, one block per key (float32 HU on the model grid:
+        a quarter of the windowed float32 channels, head and mask; forked DataLoader workers share its pages); the
+        store verifies each slot's checksum as it reads it."""
+        rows = [int(index) for index in dict.fromkeys(rows) if index not in self._cache]
+        if not rows:
+            return
+        held, chunks = {}, range(0, len(rows), _FILL_CHUNK)
+        for start in track(chunks, description=description, transient=True) if description else chunks:
+            chunk = np.asarray(rows[start : start + _FILL_CHUNK], dtype=np.int64)
+            batch = self._source.batch(self.slots[chunk])
+            self._fill_spacing(batch, chunk)
+            for key, value in batch.items():
+                if key not in held:
+                    held[key] = value.new_empty((len(rows), *value.shape[1:]))
+                held[key][start : start + len(chunk)] = value
+        first = len(self._cache)
+        self._held = {key: torch.cat([self._held[key], block]) for key, block in held.items()} if self._held else held
+        self._cache.update(zip(rows, range(first, first + len(rows)), strict=True))
+
+    def _held_items(self, sampled: Sequence[int]) -> CachedBatch:
+        """Items of sampler indices from memory (`_hold`), in one gather, windowed (in HU with ``hu_items``): the
+        items the files give, to the bit (the same float32 HU, the same window arithmetic)."""
+        rows, valid = zip(*(decode_index(i) for i in sampled), strict=True)
+        self._hold(rows)  # rows not filled ahead (another rank's share): once, in this process
+        places = torch.tensor([self._cache[row] for row in rows])
+        batch = {key: block[places] for key, block in self._held.items()}
+        rows = torch.tensor(rows)
+        batch.update(label=self.labels[rows], index=rows, valid=torch.tensor(valid))
+        return CachedBatch(batch if self.hu_items else apply_windows(batch, self.windows))
 
     def _stored_items(self, sampled: Sequence[int]) -> CachedBatch:
         """Items of sampler indices from the disk cache, in one gather."""
@@ -215,6 +229,8 @@ class CTSliceDataset(Dataset):
     def __getitem__(self, index: int) -> CTBatch:
         if self.store is not None:
             return self._stored_items([index])[0]
+        if self._source is not None:
+            return self._held_items([index])[0]
         index, valid = decode_index(index)  # a DDP padding repeat arrives as -1 - index (vit_ct.data.distributed)
         return dict(self.load(index), valid=torch.tensor(valid))
 
@@ -222,7 +238,9 @@ class CTSliceDataset(Dataset):
         """What a DataLoader fetches per batch (it collates these items): from the disk cache, one gather per batch
         instead of a round of Python per slice (which read 860 slices/s against 1,790 in a side-by-side run, one
         process on a shared 2-core VM)."""
-        return self._stored_items(indices) if self.store is not None else [self[i] for i in indices]
+        if self.store is not None:
+            return self._stored_items(indices)
+        return self._held_items(indices) if self._source is not None else [self[i] for i in indices]
 
 
 class CachedBatch(Sequence):
