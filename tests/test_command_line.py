@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import lightning as L
 import nibabel as nib
 import numpy as np
 import pandas as pd
@@ -180,6 +181,20 @@ def test_shipped_weights_are_named_as_such_and_a_none_that_changes_nothing_is_no
         f"network follows the shipped weights: model.num_heads: 3, vit_tiny_patch16_224's own {weights} 2)",
         size,
     ]
+
+
+def test_test_and_validate_print_their_figures_once(tmp_path, capsys):
+    """Lightning's ~50-row table is off (``--verbose true`` brings it back); vit-ct lists the figures once."""
+    manifest = write_npy_manifest(tmp_path / "data", train=2, val=2)
+    checkpoint = tmp_path / "model.ckpt"
+    trainer = L.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    trainer.strategy.connect(ViTClassifier(embed_dim=32, depth=2, num_heads=2, img_size=32, in_chans=1))
+    trainer.save_checkpoint(checkpoint)
+    for subcommand, stage in (("test", "test"), ("validate", "val")):
+        main([subcommand, *manifest_args(manifest), *NO_LOGGER, "--ckpt_path", str(checkpoint)])
+        out = capsys.readouterr().out
+        assert len(re.findall(rf"^{stage} +auroc ", out, flags=re.MULTILINE)) == 1, out
+        assert "metric" not in out and "DataLoader 0" not in out, out
 
 
 def test_the_figures_of_a_stage_are_listed_once_in_a_table_of_maps():

@@ -74,7 +74,6 @@ def _cli(args: list[str] | None, run: bool):
     """The LightningCLI with vit-ct's callbacks, run (or, ``run=False``, only built) on ``args``."""
     import torch
     from jsonargparse import lazy_instance
-    from lightning.pytorch.callbacks import RichProgressBar
     from lightning.pytorch.loggers import WandbLogger
 
     from vit_ct.data.slice_module import SliceDataModule
@@ -83,7 +82,7 @@ def _cli(args: list[str] | None, run: bool):
     from vit_ct.run.command import CommandParser, VitCTCLI
     from vit_ct.run.console import quiet_lightning
     from vit_ct.run.learning_rate import PeakLearningRate
-    from vit_ct.run.progress import EpochLines
+    from vit_ct.run.progress import EpochLines, progress_bar
     from vit_ct.run.runs import BadFilesReport, LoggedConfigCallback
     from vit_ct.run.scan_auroc import ScanAUROC
     from vit_ct.run.threads import use_threads
@@ -117,7 +116,7 @@ def _cli(args: list[str] | None, run: bool):
                 # save_dir None: runs/ or --trainer.default_root_dir (place_wandb_runs)
                 "logger": lazy_instance(WandbLogger, project="vit-ct", save_dir=None),
                 "callbacks": [
-                    RichProgressBar(),
+                    progress_bar(),
                     EpochLines(),
                     ScanAUROC(),
                     PeakLearningRate(),

@@ -44,7 +44,12 @@ PredictionWriters = Callable[[str, bool, list], list[Callback]]
 # Options of one subcommand. The others accept them too, hidden from their help, so that a config written for every
 # subcommand (demo.yaml's `test_after_fit`) or a run's saved config.yaml (`output_dir: null`) still loads anywhere.
 OWN_OPTIONS = {"test_after_fit": "fit", "output_dir": "predict", "overwrite": "predict"}
-OUTPUT_DIR_HELP = "Folder for predictions.csv, the maps and overlays (and scans.csv): new or empty, unless --overwrite."
+HELP = {
+    "test_after_fit": "Test the weights the fit keeps (see --checkpoint.monitor) on the test split after fitting.",
+    "output_dir": "Folder to write predictions.csv, the maps and overlays (and scans.csv) into; a folder that is not"
+    " empty is refused unless --overwrite true.",
+    "overwrite": "Replace a non-empty --output_dir: no file of its old outputs is kept.",
+}
 
 
 class CommandParser(LightningArgumentParser):
@@ -71,17 +76,15 @@ def add_own_options(parser: LightningArgumentParser, subcommand: str | None) -> 
     """``--test_after_fit`` (fit), ``--output_dir`` (predict, required) and ``--overwrite`` (predict), each shown
     only in its subcommand's help (``subcommand`` None: the parser of a CLI that runs nothing, which shows all)."""
 
-    def shown(name: str, text: str) -> str:
-        return text if OWN_OPTIONS[name] == subcommand or subcommand is None else argparse.SUPPRESS
+    def shown(name: str) -> str:
+        return HELP[name] if OWN_OPTIONS[name] == subcommand or subcommand is None else argparse.SUPPRESS
 
-    after_fit = "Test the weights the fit keeps (see --checkpoint.monitor) on the test split after fitting."
-    parser.add_argument("--test_after_fit", type=bool, default=False, help=shown("test_after_fit", after_fit))
+    parser.add_argument("--test_after_fit", type=bool, default=False, help=shown("test_after_fit"))
     if subcommand == "predict":
-        parser.add_argument("--output_dir", type=str, required=True, help=OUTPUT_DIR_HELP)
+        parser.add_argument("--output_dir", type=str, required=True, help=shown("output_dir"))
     else:
-        parser.add_argument("--output_dir", type=str | None, default=None, help=shown("output_dir", OUTPUT_DIR_HELP))
-    parser.add_argument("--overwrite", type=bool, default=False, help=shown("overwrite",
-                        "Replace a non-empty --output_dir: no file of the old outputs is kept."))  # fmt: skip
+        parser.add_argument("--output_dir", type=str | None, default=None, help=shown("output_dir"))
+    parser.add_argument("--overwrite", type=bool, default=False, help=shown("overwrite"))
     if subcommand in ("validate", "test"):
         parser.set_defaults(verbose=False)  # vit-ct prints the figures itself, once (Lightning's table: --verbose)
 

@@ -1,5 +1,5 @@
 """Progress for runs whose output goes to a file (SLURM, nohup, CI): Rich's progress bar draws nothing when stdout is
-not a terminal, so a line per epoch is printed instead."""
+not a terminal (only its last frame, which vit-ct leaves out too), so a line per epoch is printed instead."""
 
 from __future__ import annotations
 
@@ -7,11 +7,24 @@ import sys
 import time
 
 import torch
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, RichProgressBar
 from lightning.pytorch.utilities import rank_zero_only
+
+from vit_ct.progress import headless_flag, in_jupyter_kernel
 
 # Shown in this order when logged; other epoch metrics are left to the logger.
 KEYS = ("train/loss_epoch", "train/loss", "val/loss", "val/auroc", "val/scan_auroc")
+
+
+def progress_bar() -> RichProgressBar:
+    """Lightning's rich progress bar where someone watches it draw (a terminal, a Jupyter kernel that is not
+    headless); elsewhere a disabled one. Written to a file, rich draws nothing while a stage runs and prints its last
+    frame when it ends, with every figure logged to the bar (a fit's validation figures, again); :class:`EpochLines`
+    prints a line per epoch there instead."""
+    bar = RichProgressBar()
+    if not (sys.stdout.isatty() or (in_jupyter_kernel() and headless_flag() is not True)):
+        bar.disable()  # still the trainer's progress bar: Lightning adds no default one of its own
+    return bar
 
 
 class EpochLines(Callback):

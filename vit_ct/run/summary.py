@@ -16,7 +16,7 @@ MAP_SOURCES = ("rollout", "floor_image", "floor_head", "perfect_patch")  # the m
 # The figures of a stage, in the order a reader looks for them: the decision first, then the maps' scores (and
 # `slices`, the number of lesion slices they were scored on); every other figure follows on as few lines as it takes.
 HEADLINE = ("auroc", "accuracy", "sensitivity", "specificity", "f1", "scan_auroc", "loss")
-MAP_SCORES = (*LOCALISATION[:6], "iou", "hd95_mm", "slices")
+MAP_SCORES = (*LOCALISATION[:6], "iou", "hd95_mm", "hd95_px", "slices")
 LINE_WIDTH = 118
 
 
