@@ -12,6 +12,7 @@ new length from the current step).
 
 from __future__ import annotations
 
+import os
 import random
 import re
 import zipfile
@@ -26,10 +27,17 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_warn
 
+from vit_ct.data.cache_folder import is_out_of_space
 from vit_ct.files import atomic_write, remove_leftovers
 from vit_ct.run.compat import load_pending_loader_states, save_last_checkpoint, saves_on_train_epoch_end
 
 WANDB_RUN_ID = "wandb_run_id"  # top-level checkpoint key
+
+
+class CheckpointDiskFullError(OSError):
+    """A checkpoint did not fit on its disk (or in the user's quota, or under the file size limit). The message names
+    the checkpoint, the free space and what was kept: the file at that path is as it was before (written atomically).
+    """
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -37,20 +45,71 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     Saving writes a hidden temporary file in the target folder, flushes it to disk and renames it over the target
     (``os.replace`` is atomic on POSIX and Windows), so a killed job leaves either the old or the new checkpoint,
-    never a torn one. Loading always uses ``weights_only=True``: a checkpoint cannot run code.
+    never a torn one; a full disk raises :class:`CheckpointDiskFullError`. Loading always uses ``weights_only=True``:
+    a checkpoint cannot run code.
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
         if storage_options is not None or "://" in str(path):  # remote (fsspec) paths keep Lightning's writer
             return super().save_checkpoint(checkpoint, path, storage_options)
         remove_leftovers(Path(path).parent)  # temporary files of a killed earlier save
-        with atomic_write(path, durable=True) as tmp:
-            torch.save(checkpoint, tmp)
+        try:
+            # Through a Python file, not a path: torch's own file writer ignores a failed write and then fails on a
+            # position check ("[enforce fail at inline_container.cc:672]"); a Python file raises the OS's error.
+            with atomic_write(path, durable=True) as tmp, open(tmp, "wb") as file:
+                torch.save(checkpoint, file)
+        except Exception as err:
+            full = _out_of_space_cause(err)
+            if full is None:
+                raise
+            raise disk_full_error(Path(path), full, needed=tensor_bytes(checkpoint)) from err
 
     def load_checkpoint(self, path, map_location: Any = lambda storage, loc: storage, weights_only: bool | None = None):
         if weights_only is False:
             raise ValueError(f"vit-ct loads checkpoints with weights_only=True only (asked to unpickle {path})")
         return super().load_checkpoint(path, map_location=map_location, weights_only=True)
+
+
+def _out_of_space_cause(err: BaseException) -> OSError | None:
+    """The out-of-space OSError behind ``err``, if any: torch.save, failing to finish its archive after a write
+    failed, raises its own RuntimeError with the OS's error as the context."""
+    while err is not None:
+        if is_out_of_space(err):
+            return err
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def tensor_bytes(value: Any) -> int:
+    """The bytes of the tensors in a (nested) checkpoint: what its file needs, to within its small pickle."""
+    if isinstance(value, torch.Tensor):
+        return value.untyped_storage().nbytes()
+    if isinstance(value, dict):
+        return sum(tensor_bytes(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(tensor_bytes(v) for v in value)
+    return 0
+
+
+def disk_full_error(path: Path, error: OSError, *, needed: int) -> CheckpointDiskFullError:
+    """The error for a checkpoint that did not fit: the path, the OS's reason, the free space, what was kept."""
+    try:
+        disk = os.statvfs(path.parent)
+        free = f"{disk.f_bavail * disk.f_frsize / 1e6:.1f} MB free in {path.parent}"
+    except OSError:
+        free = f"free space in {path.parent} unknown"
+    kept = (
+        f"the previous {path.name} is intact (checkpoints are written whole or not at all)"
+        if path.exists()
+        else f"nothing was written at {path}"
+    )
+    full = CheckpointDiskFullError(
+        f"checkpoint {path} was not written: {error.strerror or error} ({free}; the checkpoint needs about"
+        f" {needed / 1e6:.1f} MB); {kept}. Free some space, or write the run to another disk"
+        " (--trainer.default_root_dir), and resume from the last checkpoint with --ckpt_path"
+    )
+    full.errno = error.errno
+    return full
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
