@@ -5,7 +5,9 @@ checkpoints kept), and the command exits with one line and status 128 + the sign
 Under DDP the leader (the process the user started; Lightning's launcher starts the other ranks from it) stops the
 job. A signal that reaches another rank is passed on to the leader at once, even while that rank waits in a
 collective, and the rank carries on in step with the others until the leader ends it. No rank runs a collective
-because of a signal, so every rank is either stopping or still in step, and none is left waiting on another.
+because of a signal, so every rank is either stopping or still in step, and none is left waiting on another. The
+leader acts when its main thread next runs Python: at once, or, while it waits in a collective, as soon as the other
+ranks reach that collective (within a step).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from collections.abc import Iterator
 
 EXIT_STATUS = {signal.SIGTERM: 128 + signal.SIGTERM, signal.SIGINT: 128 + signal.SIGINT}  # the shell's convention
 LEADER_PID = "VIT_CT_LEADER_PID"  # environment: the pid of the vit-ct command that started this process
-REPEAT_WINDOW_S = 10.0  # a second signal this soon after the first (another rank's copy, a key pressed twice) waits
+REPEAT_WINDOW_S = 10.0  # a signal this soon after the first (another rank's copy, a key pressed twice) is ignored
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
