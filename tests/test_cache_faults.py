@@ -98,6 +98,23 @@ def test_a_slot_changed_after_the_check_is_refused_by_name_and_rebuilt_by_the_ne
     assert later.slice_cache.written == 1  # that slot only, found because a reader marked it
 
 
+def test_a_loader_worker_refuses_a_changed_slot_by_name_and_marks_it(built, tmp_path):
+    """In a forked DataLoader worker, which opens its own connection to the index to mark the slot."""
+    manifest, fresh = built
+    data = data_module(manifest, "disk", tmp_path / "cache")
+    data.num_workers = 1
+    data.setup("validate")
+    slot = int(data.split_table("val").iloc[0]["cache_slot"])
+    with open(data.slice_cache.hu_file, "r+b") as f:
+        f.seek(slot * data.slice_cache.slot_bytes)
+        f.write(b"\x00\x7c" * 8)  # float16 infinities
+    with pytest.raises(CacheSlotError, match=rf"slot {slot} \(from .*s003.npy\)"):
+        next(iter(data.val_dataloader()))
+    later = data_module(manifest, "disk", tmp_path / "cache")
+    assert_same_batch(val_batch(later), fresh["disk"])
+    assert later.slice_cache.written == 1
+
+
 def test_after_a_reader_found_a_changed_slot_the_next_check_verifies_every_slot(built, tmp_path):
     manifest, _ = built
     data = data_module(manifest, "disk", tmp_path / "cache")

@@ -16,7 +16,7 @@ import numpy as np
 from vit_ct.data.cache_folder import is_unreadable_database, remove_database, storage_errors
 from vit_ct.data.check_record import FileStat
 
-CACHE_VERSION = 2  # bump when what a slot holds changes (resizing, padding, dtype, checksum): old slots are rebuilt
+CACHE_VERSION = 3  # bump when what a slot holds changes (resizing, padding, dtype, checksum): old slots are rebuilt
 _NO_FRAME = -1
 
 
@@ -35,7 +35,7 @@ class SlotInfo(NamedTuple):
 
     shape: tuple[int, int]  # rows, columns of the source slice
     spacing_mm: tuple[float, float] | None  # of the source slice
-    checksum: int  # CRC-32 of the slot's HU bytes, continued over its mask's
+    checksum: int  # XXH3 of the slot's HU bytes and its mask's (`slice_cache.slot_checksum`)
 
 
 _SCHEMA = """
@@ -74,6 +74,7 @@ class SlotIndex:
         self.grid = grid
         self._on_empty = on_empty
         self._db: sqlite3.Connection | None = None
+        self._pid = os.getpid()
         with storage_errors(self.path.parent):
             try:
                 self._open()
@@ -91,8 +92,8 @@ class SlotIndex:
                 self._open()
 
     def _connect(self) -> sqlite3.Connection:
-        if self._db is None:
-            self._db = sqlite3.connect(self.path)
+        if self._db is None or self._pid != os.getpid():  # a connection must not cross a fork (DataLoader workers)
+            self._db, self._pid = sqlite3.connect(self.path), os.getpid()
         return self._db
 
     def _open(self) -> None:
@@ -215,6 +216,6 @@ class SlotIndex:
         return {**self.__dict__, "_db": None}  # each process connects on its own
 
     def close(self) -> None:
-        if self._db is not None:
+        if self._db is not None and self._pid == os.getpid():
             self._db.close()
-            self._db = None
+        self._db = None

@@ -145,8 +145,9 @@ def validate_manifest_files(
         stored_values_are_hu: accept CT DICOM without rescale tags, stored values taken as HU (`load_ct_slice`).
         record: verdicts of earlier checks to reuse and extend.
         cache: store every good row's slice on the model grid here, from the same reading (rows already cached as
-            their files are now are not read).
-        workers: processes reading files; None: one per CPU this process may use.
+            their files are now are not read; a sample of their slots is verified against its checksums, and slots
+            that changed are rebuilt).
+        workers: processes reading files (they die with this one); None: one per CPU this process may use.
 
     Returns:
         The good rows (index kept) with an `image_digest` column (the hash of the image file's bytes), and
@@ -154,7 +155,8 @@ def validate_manifest_files(
 
     Raises:
         ValueError: with `on_bad_file="raise"` when any file is unusable: every bad row with its CSV line, path
-            and reason. Also (either way) when copies of one image have different labels or splits.
+            and reason. Also (either way) when copies of one image have different labels or splits, and when the
+            cache's or the record's disk has no room (`vit_ct.data.cache_folder.out_of_space_error`).
     """
     if on_bad_file not in ("raise", "skip"):
         raise ValueError(f"on_bad_file must be 'raise' or 'skip', got {on_bad_file!r}")

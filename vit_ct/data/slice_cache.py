@@ -1,7 +1,7 @@
 """Slices on the model grid in HU and their lesion masks, preprocessed once into memory-mapped files that every
 DataLoader worker and DDP rank reads through the one page cache instead of holding its own copy. A slot is used only
 while the files it was made from keep their size and modification time, only once its data is on disk, and only
-while its bytes match the CRC-32 written with them.
+while its bytes match the checksum (XXH3) written with them.
 
 Where the integrity checks run. A slot at 256 px is 128 KiB (float16), so RSNA's 750,000 are 98 GB: reading them all
 at every start would cost minutes where a later run should start in seconds. Instead:
@@ -10,9 +10,10 @@ at every start would cost minutes where a later run should start in seconds. Ins
   index that is not a database is rebuilt (`vit_ct.data.cache_index`);
 - the check verifies a random sample of 64 of the manifest's slots (8 MiB): a data file overwritten as a whole fails
   it, and then every slot is verified and the changed ones rebuilt; every slot is verified after a reader found one;
-- every batch verifies the slots it gathers (zlib's CRC-32: ~4 GB/s on one core, 0.03 ms a 256 px float16 slot, 2 ms
-  for a batch of 64 beside the 0.4 ms gather; `benchmarks/startup_cache.py`), so a changed byte is never trained on:
-  the batch raises `CacheSlotError` naming the slot's source image, and marks it for the next check to rebuild.
+- every batch verifies the slots it gathers, so a changed byte is never trained on: the batch raises `CacheSlotError`
+  naming the slot's source image, and marks it for the next check to rebuild. XXH3 hashes about as fast as the
+  gather copies (8 MiB, a batch of 64 slots at 256 px, on a loaded 2-core VM: 1.8 ms against the gather's 3.4 ms,
+  where zlib's CRC-32 took 17.8 ms; `benchmarks/startup_cache.py` measures it).
 """
 
 from __future__ import annotations
@@ -22,12 +23,12 @@ import json
 import mmap
 import os
 import warnings
-import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
+import xxhash
 
 from vit_ct.data.cache_folder import cache_folder, storage_errors
 from vit_ct.data.cache_index import SlotIndex, SlotInfo, SlotKey
@@ -45,9 +46,12 @@ class CacheSlotError(ValueError):
 
 
 def slot_checksum(hu: np.ndarray, mask: np.ndarray | None) -> int:
-    """CRC-32 of a slot's HU bytes, continued over its mask's (None: the slot has no mask)."""
-    checksum = zlib.crc32(np.ascontiguousarray(hu))
-    return checksum if mask is None else zlib.crc32(np.ascontiguousarray(mask), checksum)
+    """XXH3 of a slot's HU bytes, seeding that of its mask's (None: the slot has no mask), in 63 bits (an SQLite
+    integer)."""
+    checksum = xxhash.xxh3_64_intdigest(np.ascontiguousarray(hu))
+    if mask is not None:
+        checksum = xxhash.xxh3_64_intdigest(np.ascontiguousarray(mask), seed=checksum)
+    return checksum & 0x7FFF_FFFF_FFFF_FFFF
 
 
 class SliceCache:
@@ -245,12 +249,13 @@ class SliceCache:
             self._maps = tuple(maps)
         return self._maps
 
-    def batch(self, slots: np.ndarray) -> dict:
+    def batch(self, slots: np.ndarray, *, out: np.ndarray | None = None) -> dict:
         """Slots as a batch before windowing (`vit_ct.data.model_input.apply_windows`), in one gather from the maps,
         each slot verified against its checksum: ``hu`` ``(B, 1, S, S)`` in the cache's dtype, ``mask``
         ``(B, 1, S, S)`` uint8 (zeros without a mask; left out when the cache holds no mask at all, as for RSNA:
         zeros are made where the batch lands), ``has_mask``, ``source_shape`` ``(B, 2)`` and ``pixel_spacing_mm``
-        ``(B,)`` of the model grid (NaN where unknown).
+        ``(B,)`` of the model grid (NaN where unknown). ``out``: a ``(B, S, S)`` array of the cache's dtype to gather
+        the HU into, which ``hu`` then views (the in-memory cache's block: one copy instead of two).
 
         Raises:
             CacheSlotError: naming the slots' source images, when a slot's bytes are not those written into it or
@@ -260,7 +265,7 @@ class SliceCache:
         has_mask = mask_slots >= 0
         self._check_held(slots, mask_slots[has_mask])
         hu_map, mask_map = self._open()
-        hu = hu_map[slots]  # a gather: a copy, the map stays read-only
+        hu = np.take(hu_map, slots, axis=0, out=out)  # a gather: a copy, the map stays read-only
         masks = None
         if mask_map is not None:
             masks = np.zeros((len(slots), self.img_size, self.img_size), dtype=np.uint8)

@@ -179,12 +179,16 @@ class CTSliceDataset(Dataset):
         rows = [int(index) for index in dict.fromkeys(rows) if index not in self._cache]
         if not rows:
             return
-        held, chunks = {}, range(0, len(rows), _FILL_CHUNK)
+        size, chunks = self._source.img_size, range(0, len(rows), _FILL_CHUNK)
+        hu = np.empty((len(rows), 1, size, size), dtype=self._source.hu_dtype)
+        held = {"hu": torch.from_numpy(hu)}
         for start in track(chunks, description=description, transient=True) if description else chunks:
             chunk = np.asarray(rows[start : start + _FILL_CHUNK], dtype=np.int64)
-            batch = self._source.batch(self.slots[chunk])
+            batch = self._source.batch(self.slots[chunk], out=hu[start : start + len(chunk), 0])
             self._fill_spacing(batch, chunk)
             for key, value in batch.items():
+                if key == "hu":
+                    continue  # gathered into its block
                 if key not in held:
                     held[key] = value.new_empty((len(rows), *value.shape[1:]))
                 held[key][start : start + len(chunk)] = value
