@@ -14,7 +14,7 @@ import signal
 import sys
 
 from vit_ct.run.console import DEBUG, print_error, print_interrupted
-from vit_ct.run.help import SUBCOMMANDS, missing_subcommand, overview, overview_parser, wants_overview
+from vit_ct.run.help import SUBCOMMANDS, overview, overview_parser, wants_overview
 from vit_ct.run.interrupts import received_signal, stop_on_signals
 
 
@@ -45,7 +45,7 @@ def main(args: list[str] | None = None, *, run: bool = True):
     if wants_overview(argv):
         print(overview(), end="")
         sys.exit(0)
-    if missing_subcommand(argv):
+    if not argv:
         overview_parser().error(f"choose a subcommand: {', '.join(SUBCOMMANDS)} (`vit-ct --help` says what each does)")
     if args is not None:
         return _cli(args, run)

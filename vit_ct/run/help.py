@@ -28,7 +28,6 @@ SUBCOMMANDS = {
     "manifest": "List the CT slices of DICOM folders or NIfTI volumes in a manifest CSV, its label column left for "
     "you to fill in.",
 }
-LIGHTNING_SUBCOMMANDS = ("fit", "validate", "test", "predict")  # the LightningCLI's; `manifest` is a plain command
 CONFIG_HELP = (
     "YAML config file (configs/*.yaml, or a run's config.yaml), usually given after the subcommand; repeat it to "
     "compose configs, later ones winning. Before the subcommand, a config holds one section per subcommand (fit: ...)."
@@ -84,8 +83,3 @@ def wants_overview(argv: Sequence[str]) -> bool:
         elif arg in CONFIG_FLAGS:
             skip_value = True  # the next word is the config's path, whatever it is called
     return False
-
-
-def missing_subcommand(argv: Sequence[str]) -> bool:
-    """Whether ``argv`` names no subcommand and nothing a config could choose one with (an empty command line)."""
-    return not argv
