@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 OUT ?= outputs/demo
 ARGS ?=  # extra vit-ct arguments for the demo's fit and predict (tests/test_readme.py passes tiny sizes)
 
-.PHONY: demo review test floors lint format clean
+.PHONY: demo review test floors lint format clean docs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -57,6 +57,10 @@ floors:
 	$(FLOORS_VENV)/bin/python -m pip check
 	$(FLOORS_VENV)/bin/pytest -m "not slow" $(FLOORS_TESTS)
 	$(FLOORS_VENV)/bin/pytest $(FLOORS_SLOW_TESTS)
+
+# The README's and docs' measured figures, written in from benchmarks/records/ (tests/test_docs.py keeps them equal).
+docs: $(VENV)/.installed
+	$(BIN)/python benchmarks/docs.py
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
