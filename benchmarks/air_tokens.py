@@ -5,6 +5,8 @@ masked), side by side on the same batches of the demo set, per input size. The l
 largest difference is printed); the step time is not. Takes ~3-5 minutes on 2 cores:
 
     python benchmarks/air_tokens.py [--sizes 128 160 192] [--steps 8] [--warmup 2]
+
+Run as a script it writes its record, ``benchmarks/records/air_tokens.json``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from vit_ct import SyntheticCTDataModule
 from vit_ct.model import ViTClassifier
 from vit_ct.model.network import attention_keys
 from vit_ct.run.hardware import auto_precision, describe_machine
+from vit_ct.run.records import RECORDS, command_line, markdown_table, table, write_record
 
 DEMO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
 DEMO_DATA = Path("data/synthetic")  # where `make demo` builds the set (built here if it is not)
@@ -60,17 +63,19 @@ def step_times(model: ViTClassifier, batches: list[dict], warmup: int, autocast)
     return statistics.median(train[warmup:]), statistics.median(explain[warmup:])
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, records: Path | None = None) -> str:
+    """Measure and print the table; with ``records`` (a folder) also write the record ``air_tokens.json`` there."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[128, 160, 192])
     parser.add_argument("--steps", type=int, default=8, help="timed steps per variant (after --warmup)")
     parser.add_argument("--warmup", type=int, default=2)
     args = parser.parse_args(argv)
+    start = time.perf_counter()
     precision = auto_precision("cpu")[0]
     bf16 = precision.startswith("bf16")
     autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
     print(f"machine: {describe_machine()}; precision {precision}; demo model, batch 32", file=sys.stderr)
-    rows = []
+    rows, figures = [], {}
     for size in args.sizes:
         batches = batches_of(size, args.warmup + args.steps)
         torch.manual_seed(0)
@@ -79,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
         every.load_state_dict(skipped.state_dict())
         # forward_features as it was: air masked as keys, every token through every block
         reference = every.vit.forward_features_every_token
-        every.vit.forward_features = lambda image, checkpoint_blocks=True, reference=reference: reference(image)
+        every.vit.forward_features = lambda image, *args, reference=reference, **kwargs: reference(image)  # noqa: ARG005
         with torch.no_grad():
             skipped.eval(), every.eval()
             difference = max((skipped(b["image"]) - every(b["image"])).abs().max().item() for b in batches[:2])
@@ -95,19 +100,24 @@ def main(argv: list[str] | None = None) -> None:
         (every_train, every_explain), (skip_train, skip_explain) = (
             tuple(min(t[i] for t in times[name]) for i in range(2)) for name in ("every", "skipped")
         )
-        rows.append(
-            f"| {size} | {(size // 16) ** 2 + 1} | {run:.0%} ({head:.0%}) | {1000 * every_train:.0f} | "
-            f"{1000 * skip_train:.0f} | **{every_train / skip_train:.2f}x** | {1000 * every_explain:.0f} | "
-            f"{1000 * skip_explain:.0f} | **{every_explain / skip_explain:.2f}x** | {difference:.1e} |"
-        )
+        rows.append([size, (size // 16) ** 2 + 1, f"{run:.0%} ({head:.0%})", 1000 * every_train, 1000 * skip_train,
+                     every_train / skip_train, 1000 * every_explain, 1000 * skip_explain,
+                     every_explain / skip_explain, difference])  # fmt: skip
+        figures |= {f"train_speedup_{size}": every_train / skip_train, f"explain_speedup_{size}": every_explain /
+                    skip_explain, f"max_logit_difference_{size}": difference}  # fmt: skip
         print(rows[-1], file=sys.stderr, flush=True)
-    print(
-        "| input | tokens | run by the blocks when air skips (key tokens per slice) | train step ms: every token | "
-        "air skipped | speed-up | explained forward ms: every token | air skipped | speed-up | max logit difference |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    print("\n".join(rows))
+    columns = ["input", "tokens", "run by the blocks when air skips (key tokens per slice)",
+               "train step ms: every token", "air skipped", "speed-up", "explained forward ms: every token",
+               "air skipped", "speed-up", "max logit difference"]  # fmt: skip
+    results = table(columns, rows, ["d", "d", None, ".0f", ".0f", "{:.2f}x", ".0f", ".0f", "{:.2f}x", ".1e"])
+    print(markdown_table(results))
+    if records is not None:
+        notes = {"precision": precision, "batch": 32, "steps": args.steps, "warmup": args.warmup}
+        write_record("air_tokens", figures, command=command_line("benchmarks/air_tokens.py", argv),
+                     tables={"air_tokens": results}, seconds=time.perf_counter() - start, notes=notes,
+                     folder=records)  # fmt: skip
+    return markdown_table(results)
 
 
 if __name__ == "__main__":
-    main()
+    main(records=RECORDS)

@@ -15,16 +15,27 @@ import shlex
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 
 from vit_ct.data.augment import BatchAugmentation
 from vit_ct.data.scanner_augment import KERNEL_SIGMAS, ScannerAugmentation
 from vit_ct.run.hardware import describe_machine
+from vit_ct.run.records import RECORDS, markdown_table, table, write_record
 
-USAGE = """example (the README's table; ~1 min on 2 CPU cores):
+USAGE = """example (the README's table; ~1 min on 2 CPU cores; writes benchmarks/records/augmentation.json):
   .venv/bin/python benchmarks/augmentation.py --batch 64 --size 256
 """
+# Each contender's figure in the record: milliseconds per batch.
+FIGURE_KEYS = {
+    "vit-ct BatchAugmentation (batched)": "vitct_ms",
+    "kornia AugmentationSequential (batched)": "kornia_ms",
+    "MONAI RandFlipd + RandAffined (per slice)": "monai_ms",
+    "vit-ct ScannerAugmentation, HU (batched, MONAI GaussianFilter)": "scanner_ms",
+    "MONAI random intensity transforms, HU (per slice)": "monai_intensity_ms",
+    "vit-ct windowed noise + contrast (batched, for reference)": "windowed_ms",
+}
 
 
 def batch_of(n: int, size: int, device: str) -> dict[str, torch.Tensor]:
@@ -121,7 +132,9 @@ def timed(fn, batch: dict, device: str, repeats: int) -> float:
     return statistics.median(times)
 
 
-def main(argv: list[str] | None = None) -> str:
+def main(argv: list[str] | None = None, records: Path | None = None) -> str:
+    """Measure and print the table; with ``records`` (a folder: the script's own run passes ``benchmarks/records``)
+    also write the record ``augmentation.json`` there."""
     parser = argparse.ArgumentParser(
         description=__doc__, epilog=USAGE, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -131,19 +144,29 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
     command = shlex.join(["python", "benchmarks/augmentation.py", *(sys.argv[1:] if argv is None else argv)])
+    start = time.perf_counter()
     batch = batch_of(args.batch, args.size, args.device)
-    lines = [f"| augmentation ({args.batch} slices of {args.size} x {args.size}, {args.device}) | ms per batch |"
-             " ms per slice |", "|---|---:|---:|"]  # fmt: skip
+    rows, figures = [], {}
     for group in (geometric_contenders(args.device, args.size), scanner_contenders()):
         for name, fn in group.items():
             seconds = timed(fn, batch, args.device, args.repeats)
-            lines.append(f"| {name} | {1000 * seconds:.1f} | {1000 * seconds / args.batch:.2f} |")
-            print(lines[-1], flush=True)
-    report = "\n".join([*lines, "", f"`{command}` ({torch.get_num_threads()} threads, median of {args.repeats})"])
+            rows.append([name, 1000 * seconds, 1000 * seconds / args.batch])
+            figures[FIGURE_KEYS[name]] = 1000 * seconds
+            print(f"{name}: {1000 * seconds:.1f} ms", flush=True)
+    columns = [f"augmentation ({args.batch} slices of {args.size} x {args.size}, {args.device})", "ms per batch",
+               "ms per slice"]  # fmt: skip
+    results = table(columns, rows, [None, ".1f", ".2f"])
+    report = "\n".join([markdown_table(results), "", f"`{command}` ({torch.get_num_threads()} threads, median of"
+                        f" {args.repeats})"])  # fmt: skip
     print(f"measured on {describe_machine()}\n")
     print(report)
+    notes = {"batch": args.batch, "size": args.size, "device": args.device, "repeats": args.repeats,
+             "threads": torch.get_num_threads()}  # fmt: skip
+    if records is not None:
+        write_record("augmentation", figures, command=command, tables={"augmentation": results},
+                     seconds=time.perf_counter() - start, notes=notes, folder=records)  # fmt: skip
     return report
 
 
 if __name__ == "__main__":
-    main()
+    main(records=RECORDS)

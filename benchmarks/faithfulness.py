@@ -8,6 +8,7 @@ and the two localisation floors, all on the same model and slices, with each met
 from __future__ import annotations
 
 import argparse
+import re
 import shlex
 import sys
 import time
@@ -31,6 +32,7 @@ from vit_ct.explain.occlusion import BASELINE_HU, brain_baseline, occlusion_sens
 from vit_ct.explain.rollout import last_block_attention
 from vit_ct.model import ViTClassifier
 from vit_ct.run.hardware import describe_machine
+from vit_ct.run.records import RECORDS, table, write_record
 
 # Deletion fills with normal brain (vit_ct.explain.occlusion.brain_baseline): grey/white matter average ~30 HU, below
 # fresh blood (50-90 HU), so a deleted patch loses exactly the hyperdensity that marks a bleed and gains no new
@@ -326,7 +328,19 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> str:
+def record_table(rows: list[dict]) -> dict:
+    """The table as a record keeps it (``vit_ct.run.records.table``)."""
+    columns = ["method", "deletion AUC ↓", "insertion AUC ↑", "pointing", "energy ratio", "pixel AUROC",
+               "Dice at half max", "passes per slice", "ms per slice", "n slices"]  # fmt: skip
+    cells = [[r["method"], f"{r['deletion']:.3f} ± {r['deletion_se']:.3f}", f"{r['insertion']:.3f} ± "
+              f"{r['insertion_se']:.3f}", r["pointing"], r["energy_ratio"], r["pixel_auroc"], r["dice"],
+              r["forwards"] or None, r["ms_per_slice"] if r["forwards"] else None, r["slices"]]
+             for r in rows]  # fmt: skip
+    return table(columns, cells, [None, None, None, ".3f", ".2f", ".3f", ".3f", "d", ".0f", "d"])
+
+
+def main(argv: list[str] | None = None, records: Path | None = None) -> str:
+    """Measure and print the table; with ``records`` (a folder) also write the record ``faithfulness.json``."""
     parser = argparse.ArgumentParser(
         description=__doc__, epilog=USAGE, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -383,8 +397,16 @@ def main(argv: list[str] | None = None) -> str:
     print(report)
     if args.out:
         args.out.write_text(report + "\n")
+    if records is not None:
+        slug = {r["method"]: re.sub(r"[^a-z0-9]+", "_", r["method"].lower()).strip("_") for r in rows}
+        figures = {f"{slug[r['method']]}_{name}": r[name] for r in rows
+                   for name in ("deletion", "insertion", "pointing", "pixel_auroc", "dice")}  # fmt: skip
+        notes = {"checkpoint": str(args.ckpt), "split": args.split, "slices": len(chosen), "lesion_slices": n_lesion,
+                 "steps": args.steps, "seed": args.seed, "threads": torch.get_num_threads()}  # fmt: skip
+        write_record("faithfulness", figures, command=command, tables={"faithfulness": record_table(rows)},
+                     seconds=seconds, notes=notes, folder=records)  # fmt: skip
     return report
 
 
 if __name__ == "__main__":
-    main()
+    main(records=RECORDS)

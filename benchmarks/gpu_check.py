@@ -170,6 +170,11 @@ def main() -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
+    if not args.tiny:  # a --tiny run tests the script; it measures nothing worth a record
+        from vit_ct.run.records import RECORDS, command_line, write_record
+
+        write_record("gpu_check", {}, command=command_line("benchmarks/gpu_check.py"), folder=RECORDS,
+                     notes={"results": results, "table_markdown": table(results)})  # fmt: skip
     return 0
 
 

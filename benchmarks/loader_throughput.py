@@ -20,6 +20,7 @@ from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian, generate_uid
 from vit_ct.data.datamodule import CTSliceDataModule
 from vit_ct.data.reader import load_ct_slice
 from vit_ct.run.hardware import describe_machine
+from vit_ct.run.records import RECORDS, command_line, markdown_table, table, write_record
 
 USAGE = """example:
   .venv/bin/python benchmarks/loader_throughput.py                  # 300 slices of 512 x 512: about a minute
@@ -76,7 +77,8 @@ def time_loader(data: CTSliceDataModule, epochs: int = 1) -> list[float]:
     return times
 
 
-def main() -> None:
+def main(argv: list[str] | None = None, records: Path | None = None) -> None:
+    """Measure and print the table; with ``records`` (a folder) also write the record ``loader_throughput.json``."""
     parser = argparse.ArgumentParser(
         description=__doc__, epilog=USAGE, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -86,7 +88,8 @@ def main() -> None:
     parser.add_argument("--windows", nargs="+", default=["brain", "subdural", "bone"], help="HU windows (channels)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--workers", type=int, default=2, help="DataLoader workers of the worker rows")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    begin = time.perf_counter()
     torch.set_num_threads(1)  # workers are processes; one thread each keeps the comparison fair on few cores
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -156,11 +159,16 @@ def main() -> None:
     print(f"\n{args.n} DICOM slices {args.size}x{args.size} int16 -> {len(args.windows)} windows at "
           f"{args.img_size}x{args.img_size}, batch {args.batch_size}, {cpu} CPU cores, torch threads 1\n")  # fmt: skip
     print(f"measured on {describe_machine()}\n")
-    print("| reading | slices/s | x plain pydicom |")
-    print("|---|---:|---:|")
-    for name, value in rows:
-        print(f"| {name} | {value:,.0f} | {value / plain:.2f} |")
+    results = table(["reading", "slices/s", "x plain pydicom"], [[name, value, value / plain] for name, value in rows],
+                    [None, ",.0f", ".2f"])  # fmt: skip
+    print(markdown_table(results))
+    if records is not None:
+        notes = {"slices": args.n, "size": args.size, "img_size": args.img_size, "windows": args.windows,
+                 "batch_size": args.batch_size, "workers": args.workers, "torch_threads": 1}  # fmt: skip
+        write_record("loader_throughput", {"plain_pydicom_per_s": plain}, tables={"reading": results},
+                     command=command_line("benchmarks/loader_throughput.py", argv),
+                     seconds=time.perf_counter() - begin, notes=notes, folder=records)  # fmt: skip
 
 
 if __name__ == "__main__":
-    main()
+    main(records=RECORDS)

@@ -24,6 +24,7 @@ from faithfulness import score_methods  # noqa: E402  (a sibling script, not a p
 from vit_ct.data.windows import parse_windows  # noqa: E402
 from vit_ct.model import ViTClassifier  # noqa: E402
 from vit_ct.run.hardware import describe_machine  # noqa: E402
+from vit_ct.run.records import RECORDS, write_record  # noqa: E402
 
 # Every variant names all four levers, so that changing a default in the code does not change what a row measures.
 LEVERS = ("mask_air", "reg_tokens", "attention_loss_weight", "attention_target")
@@ -127,7 +128,9 @@ def table(results: dict[str, list[dict]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> str:
+def main(argv: list[str] | None = None, records: Path | None = None) -> str:
+    """Train and score every (variant, seed) and print the table; with ``records`` (a folder) also write the record
+    ``maps.json`` there."""
     parser = argparse.ArgumentParser(
         description=__doc__, epilog=USAGE, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -168,8 +171,19 @@ def main(argv: list[str] | None = None) -> str:
     print(report)
     if args.out:
         args.out.write_text(report + "\n")
+    if records is not None:
+        lines = table(results).splitlines()
+        rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
+        columns = [c.strip() for c in lines[0].strip("|").split("|")]
+        figures = {f"{slug(variant)}_{key.split('/')[-1]}": [r["metrics"].get(key) for r in runs]
+                   for variant, runs in results.items() for _, key, _ in TEST_COLUMNS}  # fmt: skip
+        notes = {"seeds": args.seeds, "config": str(args.config), "n_slices": args.n_slices,
+                 "fit_seconds": sum(fits) / max(len(fits), 1)}  # fmt: skip
+        write_record("maps", figures, command=command, tables={"maps": {"columns": columns, "formats": [None] *
+                     len(columns), "rows": rows}}, seconds=time.perf_counter() - start, notes=notes,
+                     folder=records)  # fmt: skip
     return report
 
 
 if __name__ == "__main__":
-    main()
+    main(records=RECORDS)

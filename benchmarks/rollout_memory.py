@@ -21,6 +21,7 @@ from vit_ct.explain.attention import num_prefix_tokens, patch_grid, record_atten
 from vit_ct.explain.maps import explain_gradient_rollout, explain_rollout
 from vit_ct.explain.rollout import attention_rollout
 from vit_ct.run.hardware import describe_machine
+from vit_ct.run.records import RECORDS, command_line, markdown_table, table, write_record
 
 VARIANTS = ("forward", "naive", "lean", "gradient")
 DESCRIPTIONS = {
@@ -107,7 +108,8 @@ def run_variant(args: argparse.Namespace, variant: str, maps_out: Path) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
+def main(argv: list[str] | None = None, records: Path | None = None) -> None:
+    """Measure and print the table; with ``records`` (a folder) also write the record ``rollout_memory.json``."""
     parser = argparse.ArgumentParser(
         description=__doc__, epilog=USAGE, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -121,7 +123,7 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=["forward", "naive", "lean"], choices=VARIANTS)
     parser.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
     parser.add_argument("--maps-out", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.child:
         run_child(args)
         return
@@ -131,6 +133,7 @@ def main() -> None:
         f"{args.model}, img_size={args.img_size}, in_chans={args.in_chans}, batch={args.batch}, "
         f"threads={args.threads}, head_fusion={args.head_fusion}" + (f", T={tokens}" if tokens else "")
     )
+    start = time.perf_counter()
     results, maps = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         for variant in args.variants:
@@ -140,20 +143,25 @@ def main() -> None:
 
     reference = results.get("naive") or results[args.variants[0]]
     print(f"\nmeasured on {describe_machine()}\n")
-    print("| variant | batch | seconds | peak MB above baseline | peak RSS MB | memory ratio to naive | what |")
-    print("|---|---:|---:|---:|---:|---:|---|")
-    for variant, r in results.items():
-        ratio = r["extra_mb"] / reference["extra_mb"]
-        print(
-            f"| {variant} | {args.batch} | {r['seconds']:.1f} | {r['extra_mb']:.0f} | {r['peak_mb']:.0f} | "
-            f"{ratio:.2f} | {DESCRIPTIONS[variant]} |"
-        )
-    if not all(r["exact"] for r in results.values()):
+    rows = [[variant, args.batch, r["seconds"], r["extra_mb"], r["peak_mb"], r["extra_mb"] / reference["extra_mb"],
+             DESCRIPTIONS[variant]] for variant, r in results.items()]  # fmt: skip
+    columns = ["variant", "batch", "seconds", "peak MB above baseline", "peak RSS MB", "memory ratio to naive", "what"]
+    results_table = table(columns, rows, [None, "d", ".1f", ".0f", ".0f", ".2f", None])
+    print(markdown_table(results_table))
+    exact = all(r["exact"] for r in results.values())
+    if not exact:
         print("\nclear_refs was refused: peaks are ru_maxrss over each whole subprocess, baseline included")
+    figures = {f"{variant}_{key}": r[key] for variant, r in results.items() for key in ("seconds", "extra_mb")}
     if "naive" in maps and "lean" in maps:
-        difference = (maps["naive"] - maps["lean"]).abs().max().item()
-        print(f"\nmax |naive - lean| over the maps: {difference:.2e}")
+        figures["max_difference_naive_lean"] = (maps["naive"] - maps["lean"]).abs().max().item()
+        print(f"\nmax |naive - lean| over the maps: {figures['max_difference_naive_lean']:.2e}")
+    if records is not None:
+        notes = {"model": args.model, "img_size": args.img_size, "tokens": tokens, "batch": args.batch,
+                 "threads": args.threads, "peak_from_clear_refs": exact}  # fmt: skip
+        write_record("rollout_memory", figures, command=command_line("benchmarks/rollout_memory.py", argv),
+                     tables={"rollout_memory": results_table}, seconds=time.perf_counter() - start, notes=notes,
+                     folder=records)  # fmt: skip
 
 
 if __name__ == "__main__":
-    main()
+    main(records=RECORDS)

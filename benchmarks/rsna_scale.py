@@ -7,6 +7,8 @@ beside plain pydicom reading and the uncached loader, the loader workers' memory
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -263,7 +265,9 @@ def _litdata_item(source: tuple[str, int]) -> dict:
     return {"hu": np.array(hu[slot]), "index": slot}
 
 
-def main() -> None:
+def main(records: Path | None = None) -> None:
+    """Measure and print the tables; with ``records`` (a folder) also write the record ``rsna_scale.json`` there: the
+    measured times and rates (its tables' 750,000-slice column is arithmetic on them, not a measurement)."""
     parser = argparse.ArgumentParser(
         description=__doc__, epilog=USAGE, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -311,7 +315,16 @@ def main() -> None:
         results["litdata_2"] = litdata_rates(manifest, cache_dir, args.folder, workers=2, limit=3_000)
         print(json.dumps(results, indent=1), flush=True)
     results_file.write_text(json.dumps(results, indent=1))
-    print_tables(results)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        print_tables(results)
+    print(printed.getvalue())
+    if records is not None:
+        from vit_ct.run.records import command_line, write_record
+
+        write_record("rsna_scale", {}, command=command_line("benchmarks/rsna_scale.py"), notes={"results": results,
+                     "tables_markdown": printed.getvalue().strip()}, seconds=time.perf_counter() - start,
+                     folder=records)  # fmt: skip
 
 
 def print_tables(r: dict) -> None:
@@ -348,4 +361,6 @@ def print_tables(r: dict) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from vit_ct.run.records import RECORDS
+
+    main(records=RECORDS)

@@ -7,7 +7,8 @@
 - the scanner-randomised cohort (vit_ct.sim.cohort) per process, anatomy alone and with the scan, and its writer
   (python -m vit_ct.sim.pretraining) end to end with its disk size.
 
-Prints markdown tables; ~5 minutes on 2 cores:
+Prints markdown tables and, run as a script, writes its record (``benchmarks/records/simulator_throughput.json``);
+~5 minutes on 2 cores:
 
     .venv/bin/python benchmarks/simulator_throughput.py [--sizes 128 256] [--seconds 8] [--workers 2]
 """
@@ -27,6 +28,7 @@ import numpy as np
 import torch
 
 from vit_ct.run.hardware import describe_machine
+from vit_ct.run.records import RECORDS, command_line, markdown_table, table, write_record
 from vit_ct.sim.cohort import CohortConfig, simulate_cohort_patient
 from vit_ct.sim.phantom import PhantomConfig, simulate_slices
 from vit_ct.sim.pretraining import PROGRESS, write_pretraining_set
@@ -174,7 +176,8 @@ def writer_rate(args) -> dict[str, float]:
         shutil.rmtree(root.parent, ignore_errors=True)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None, records: Path | None = None) -> None:
+    """Measure and print the tables; with ``records`` (a folder) also write the record there."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[128, 256], help="simulated slice sizes, pixels")
     parser.add_argument("--img-size", type=int, default=128, help="model grid side")
@@ -191,7 +194,8 @@ def main() -> None:
     parser.add_argument("--cohort-slices", type=int, default=16, help="slices per cohort patient")
     parser.add_argument("--cohort-patients", type=int, default=4, help="patients per cohort row")
     parser.add_argument("--writer-patients", type=int, default=16, help="patients of the writer rows")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
     torch.set_num_threads(1)  # what a DataLoader worker gets
 
     stages = stage_times(args)
@@ -205,8 +209,10 @@ def main() -> None:
                 rows.append((f"{size} px, 1 process, {heads} slices per head, scan_method matrix", rate))
         if args.workers:
             rows.append((f"{size} px, StreamLoader, {args.workers} workers", loader_rate(size, args)))
-    for name, rate in cohort_rates(args).items():
+    cohort = cohort_rates(args)
+    for name, rate in cohort.items():
         rows.append((f"cohort, 256 px, 1 process, {args.cohort_slices} slices per patient: {name}", rate))
+    megabytes = None
     if args.workers:
         writer = writer_rate(args)
         megabytes = writer.pop("MB per 1,000 slices")
@@ -215,24 +221,27 @@ def main() -> None:
                          f"slices, DICOM + PNG ({megabytes:.0f} MB per 1,000 slices): {name}", rate))  # fmt: skip
 
     print(f"\nmeasured on {describe_machine()}, {os.cpu_count()} CPU cores, torch threads 1 per process\n")
-    print(f"| stage, batch of {args.stage_batch} demo slices at 256 px | sampled (demo), ms/slice | matrix, ms/slice |")
-    print("|---|---:|---:|")
-    for name, before, after in stages:
-        print(f"| {name} | {before:.1f} | {after:.1f} |")
-    print("\n| scan of 256 px demo slices | sampled (demo), ms/slice | matrix, ms/slice | speed-up |")
-    print("|---|---:|---:|---:|")
-    for batch, rate in scans:
-        before, after = rate["sampled"], rate["matrix"]
-        print(f"| batch of {batch} | {before:.1f} | {after:.1f} | {before / after:.1f}x |")
+    stage_table = table([f"stage, batch of {args.stage_batch} demo slices at 256 px", "sampled (demo), ms/slice",
+                         "matrix, ms/slice"], [list(stage) for stage in stages], [None, ".1f", ".1f"])  # fmt: skip
+    scan_table = table(["scan of 256 px demo slices", "sampled (demo), ms/slice", "matrix, ms/slice", "speed-up"],
+                       [[f"batch of {batch}", rate["sampled"], rate["matrix"], rate["sampled"] / rate["matrix"]]
+                        for batch, rate in scans], [None, ".1f", ".1f", "{:.1f}x"])  # fmt: skip
+    simulator_table = table(["simulator", "slices/s"], [list(row) for row in rows], [None, ",.1f"])
+    print(markdown_table(stage_table) + "\n\n" + markdown_table(scan_table))
     print(
         f"\nsimulated {FIELD_OF_VIEW_MM:.0f} mm field of view -> {len(args.windows)} windows at "
         f"{args.img_size}x{args.img_size}, beam hardening {args.beam_hardening}\n"
     )
-    print("| simulator | slices/s |")
-    print("|---|---:|")
-    for name, value in rows:
-        print(f"| {name} | {value:,.1f} |")
+    print(markdown_table(simulator_table))
+    if records is not None:
+        figures = {"writer_mb_per_1000_slices": megabytes, "cohort_per_cpu_s": cohort["anatomy + scan, cpu"]}
+        figures |= {f"scan_speedup_batch{batch}": rate["sampled"] / rate["matrix"] for batch, rate in scans}
+        notes = {"torch_threads": 1, "workers": args.workers, "img_size": args.img_size, "windows": args.windows,
+                 "field_of_view_mm": FIELD_OF_VIEW_MM, "beam_hardening": args.beam_hardening}  # fmt: skip
+        write_record("simulator_throughput", figures, command=command_line("benchmarks/simulator_throughput.py", argv),
+                     tables={"stages": stage_table, "scans": scan_table, "simulators": simulator_table},
+                     seconds=time.perf_counter() - start, notes=notes, folder=records)  # fmt: skip
 
 
 if __name__ == "__main__":
-    main()
+    main(records=RECORDS)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shlex
 import sys
 import time
@@ -43,6 +44,7 @@ from vit_ct.explain.segmentation import perfect_patch_map
 from vit_ct.model import ViTClassifier
 from vit_ct.model.optim import warmup_cosine_schedule
 from vit_ct.run.hardware import auto_precision, describe_machine
+from vit_ct.run.records import RECORDS, table, write_record
 from vit_ct.sim.phantom import PhantomConfig
 from vit_ct.sim.projector import Kernel
 from vit_ct.sim.synthetic import build_synthetic_dataset
@@ -375,7 +377,22 @@ def mean_over_seeds(runs: list[dict]) -> dict:
     return row
 
 
-def main(argv: list[str] | None = None) -> str:
+def record_of(results: list[dict]) -> tuple[dict, dict]:
+    """The table as a record keeps it (the cells as :func:`markdown` prints them) and the figures of every row."""
+    lines = markdown(results).splitlines()
+    columns = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
+    figures = {}
+    for r in results:
+        slug = re.sub(r"[^a-z0-9]+", "_", f"{r['name']} {r['input']}".lower()).strip("_")
+        figures |= {f"{slug}_{key}": r[key] for key in ("auroc", "auroc_std", "pointing", "pixel_auroc", "dice",
+                    "hd95_mm") if isinstance(r.get(key), (int, float))}  # fmt: skip
+    return table(columns, rows), figures
+
+
+def main(argv: list[str] | None = None, records: Path | None = None) -> str:
+    """Train, score and print the table; with ``records`` (a folder) also write the record
+    ``small_data_<family>.json`` there."""
     parser = argparse.ArgumentParser(
         description=__doc__, epilog=USAGE, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -525,8 +542,14 @@ def main(argv: list[str] | None = None) -> str:
         args.out.with_suffix(".json").write_text(
             json.dumps({"command": command, "rows": results}, indent=1, default=str)
         )
+    if records is not None:
+        results_table, figures = record_of(results)
+        notes = {"family": args.family, "set": described, "epochs": args.epochs, "seeds": args.seeds,
+                 "rules": rules, "lesion_slices": int(lesion.sum()), "threads": torch.get_num_threads()}  # fmt: skip
+        write_record(f"small_data_{args.family}", figures, command=command, tables={"small_data": results_table},
+                     seconds=seconds, notes=notes, folder=records)  # fmt: skip
     return report
 
 
 if __name__ == "__main__":
-    main()
+    main(records=RECORDS)

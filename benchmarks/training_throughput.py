@@ -38,6 +38,7 @@ from torch.utils.data import DataLoader
 from vit_ct import ViTClassifier
 from vit_ct.cli import main as vit_ct
 from vit_ct.run.hardware import auto_precision, describe_machine, usable_cpus
+from vit_ct.run.records import RECORDS, command_line, table, write_record
 
 # The demo's network; the in-memory rows train it on random images without masks, so without the mask-supervised losses
 MODEL = {"arch": "vit_tiny_patch16_224", "depth": 6, "img_size": 128, "patch_loss_weight": 0.0, "drop_path_rate": 0.1}
@@ -333,7 +334,8 @@ def run_pair(wait_policy: str | None, args: argparse.Namespace) -> float:
     return sum(rates) / len(rates)
 
 
-def main() -> None:
+def main(records: Path | None = None) -> None:
+    """Measure and print the table; with ``records`` (a folder) also write the record ``training_throughput.json``."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=12, help="timed optimizer steps per measurement")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
@@ -354,6 +356,8 @@ def main() -> None:
         return plain_child(args.plain_child, args.precision, args.epochs)
 
     torch.set_num_threads(args.threads)
+    args.begin = time.perf_counter()
+    args.records = records
     chosen, reason = auto_precision("cpu")
     rows, where = [], []
     for precision in dict.fromkeys(["32-true", chosen]):  # fp32, and bf16 where `auto` takes it
@@ -416,7 +420,16 @@ def print_table(args: argparse.Namespace, rows: list, where: list[str], chosen: 
     for name, a, b, ratio in rows:
         print(f"| {name} | {a} | {b} | {ratio:.2f} |")
     print("\nWhere the demo fit's step time goes: " + "; ".join(where) + ".")
+    if getattr(args, "records", None) is not None:
+        columns = ["comparison", "A (images/s, MiB or ms)", "B", "A / B (ms rows: B / A)"]
+        results = table(columns, [list(row) for row in rows], [None, None, None, ".2f"])
+        notes = {"threads": args.threads, "batch": args.batch_size, "steps": args.steps, "epochs": args.epochs,
+                 "model": MODEL, "auto_precision": chosen, "where": where}  # fmt: skip
+        seconds = time.perf_counter() - args.begin
+        write_record("training_throughput", {"ratios": [row[3] for row in rows]}, tables={"throughput": results},
+                     command=command_line("benchmarks/training_throughput.py"), seconds=seconds, notes=notes,
+                     folder=args.records)  # fmt: skip
 
 
 if __name__ in ("__main__", "main"):
-    main()
+    main(records=RECORDS)

@@ -13,6 +13,8 @@ user sets wins), so both run the same code. Each case alternates before / after,
 - ``simulator``: building a synthetic set of 24 patients x 4 slices with 2 worker processes.
 
     python benchmarks/wait_policy.py [--epochs 3] [--repeats 2] [--cases alone ddp workers simulator]
+
+Run as a script it writes its record, ``benchmarks/records/wait_policy.json``.
 """
 
 from __future__ import annotations
@@ -78,14 +80,17 @@ def run(case: str, before: bool, epochs: int) -> tuple[float, list[float]]:
     return wall, epochs_s
 
 
-def main() -> None:
+def main(argv: list[str] | None = None, records: Path | None = None) -> None:
+    """Measure and print the table; with ``records`` (a folder) also write the record ``wait_policy.json`` there."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--cases", nargs="+", default=["alone", "ddp", "workers", "simulator"])
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
     sys.path.insert(0, str(ROOT))
     from vit_ct.run.hardware import describe_machine
+    from vit_ct.run.records import command_line, markdown_table, table, write_record
 
     if "simulator" not in args.cases or len(args.cases) > 1:  # the demo set, once, outside the timings
         subprocess.run([*fit_command("alone", 0)], cwd=tempfile.gettempdir(), env=environment(False, "alone"),
@@ -98,15 +103,26 @@ def main() -> None:
                 results[before].append(run(case, before, args.epochs))
         rows.append((case, results))
     print(f"\nOpenMP waiting and threads on {describe_machine()}; {args.repeats} alternated runs of each\n")
-    print("| case | before: all passive (s) | after (s) | before / after | epochs before (s) | epochs after (s) |")
-    print("|---|---:|---:|---:|---|---|")
+    cells, figures = [], {}
     for case, results in rows:
         walls = {k: [w for w, _ in v] for k, v in results.items()}
         epochs = {k: " ; ".join(" / ".join(f"{e:.1f}" for e in es) for _, es in v) for k, v in results.items()}
         before, after = statistics.mean(walls[True]), statistics.mean(walls[False])
-        print(f"| {case} | {', '.join(f'{w:.1f}' for w in walls[True])} | {', '.join(f'{w:.1f}' for w in walls[False])}"
-              f" | {before / after:.2f} | {epochs[True] or '-'} | {epochs[False] or '-'} |")  # fmt: skip
+        figures[f"{case}_before_over_after"] = before / after
+        cells.append([case, ", ".join(f"{w:.1f}" for w in walls[True]), ", ".join(f"{w:.1f}" for w in walls[False]),
+                      before / after, epochs[True] or "-", epochs[False] or "-"])  # fmt: skip
+    columns = ["case", "before: all passive (s)", "after (s)", "before / after", "epochs before (s)",
+               "epochs after (s)"]  # fmt: skip
+    results_table = table(columns, cells, [None, None, None, ".2f", None, None])
+    print(markdown_table(results_table))
+    if records is not None:
+        notes = {"epochs": args.epochs, "repeats": args.repeats, "precision": "32-true"}
+        write_record("wait_policy", figures, command=command_line("benchmarks/wait_policy.py", argv),
+                     tables={"wait_policy": results_table}, seconds=time.perf_counter() - start, notes=notes,
+                     folder=records)  # fmt: skip
 
 
 if __name__ == "__main__":
-    main()
+    from vit_ct.run.records import RECORDS
+
+    main(records=RECORDS)
