@@ -1,15 +1,14 @@
 """The figures of a shipped model's card, measured again: its card test set regenerated from the seed the card names
 (scanner-randomised simulation, patients never in the pretraining), the weights loaded offline by name, every slice
 scored in fp32: AUROC, and the rollout against the lesion masks (pointing, in-head pixel AUROC, Dice and HD95 of the
-half-maximum region) beside the perfect patch map.
+half-maximum region) beside the perfect patch map. Run as a script it writes its record
+(``benchmarks/records/shipped_card.json``: the figures, and the SHA-256 of the weights file it scored), which
+``python -m vit_ct.model.shipped record NAME benchmarks/records/shipped_card.json`` puts into the card.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import shlex
-import sys
 import time
 from pathlib import Path
 
@@ -22,16 +21,17 @@ from torch.utils.data import DataLoader
 from vit_ct.data.manifest import read_manifest
 from vit_ct.data.slice_dataset import CTSliceDataset, collate
 from vit_ct.explain.localisation import LocalisationMetrics, localisation_maps, model_grid_spacing_mm
-from vit_ct.files import atomic_write
 from vit_ct.model import ViTClassifier, shipped
 from vit_ct.run.hardware import describe_machine
+from vit_ct.run.records import RECORDS, command_line, write_record
 from vit_ct.sim.pretraining import write_pretraining_set
 
-USAGE = """example (the card's figures; ~2 min on 2 CPU cores):
+USAGE = """example (the card's figures; ~2 min on 2 CPU cores once the set is written):
   .venv/bin/python benchmarks/shipped_card.py vit-ct/headct-tiny-256 --root data/card-test
+  .venv/bin/python -m vit_ct.model.shipped record headct-tiny-256 benchmarks/records/shipped_card.json
 
 The card's `card_test` names the set (patients, slices per patient, seed of vit_ct.sim.pretraining); every slice
-of it is scored, all splits. --write stores the figures in the card (after an export).
+of it is scored, all splits, in fp32.
 """
 FIGURES = ("auroc", "pointing", "pixel_auroc", "dice", "hd95_mm", "perfect_patch_dice", "slices", "lesion_slices")
 
@@ -79,31 +79,37 @@ def measure(tag: str, manifest: Path, *, batch_size: int = 32, progress: bool = 
     }
 
 
-def main(argv: list[str] | None = None) -> dict[str, float]:
+def main(argv: list[str] | None = None, records: Path | None = None) -> dict[str, float]:
+    """Measure and print the card's figures; with ``records`` (a folder) also write the record there."""
     parser = argparse.ArgumentParser(
         description=__doc__, epilog=USAGE, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("tag", nargs="?", default="vit-ct/headct-tiny-256", help="shipped weights (vit-ct/<name>)")
     parser.add_argument("--root", type=Path, default=Path("data/card-test"), help="where the card test set is built")
     parser.add_argument("--num-workers", type=int, default=1, help="processes of the simulator")
-    parser.add_argument("--write", action="store_true", help="store the figures in the card (card_test.figures)")
+    parser.add_argument("--threads", type=int, help="torch threads of the scoring (default: torch's)")
+    parser.add_argument("--record-name", default="shipped_card", help="the record's name (default shipped_card)")
     args = parser.parse_args(argv)
-    command = shlex.join(["python", "benchmarks/shipped_card.py", *(sys.argv[1:] if argv is None else argv)])
+    if args.threads:
+        torch.set_num_threads(args.threads)
     start = time.perf_counter()
     torch.manual_seed(0)
     manifest = card_test_set(args.tag, args.root, num_workers=args.num_workers)
+    written = time.perf_counter()
     figures = measure(args.tag, manifest)
     print(f"measured on {describe_machine()}, fp32, {torch.get_num_threads()} threads")
     print(pd.Series(figures).to_string())
-    print(f"`{command}` ({time.perf_counter() - start:.0f} s)")
-    if args.write:
-        path = shipped.FOLDER / f"{args.tag.removeprefix(shipped.PREFIX)}.json"
-        card = json.loads(path.read_text())
-        card["card_test"]["figures"] = figures
-        with atomic_write(path) as tmp:
-            tmp.write_text(json.dumps(card, indent=2) + "\n")
+    if records is not None:
+        notes = {"weights": args.tag, "weights_sha256": shipped.weights_sha256(shipped.weights_file(args.tag)),
+                 "card_section": "card_test", "card_test": shipped.card(args.tag)["card_test"] | {"figures": None},
+                 "precision": "32-true", "threads": torch.get_num_threads(),
+                 "seconds_writing_the_set": round(written - start, 1)}  # fmt: skip
+        del notes["card_test"]["figures"]
+        notes["card_test"].pop("measured", None)
+        write_record(args.record_name, figures, command=command_line("benchmarks/shipped_card.py", argv),
+                     seconds=time.perf_counter() - written, notes=notes, folder=records)  # fmt: skip
     return figures
 
 
 if __name__ == "__main__":
-    main()
+    main(records=RECORDS)

@@ -4,13 +4,16 @@ of timm's ``pretrained_cfg`` and MONAI bundles' ``metadata.json`` (the input it 
 licence, data, recipe, figures, and what it is not).
 
 ``python -m vit_ct.model.shipped list`` names them; ``python -m vit_ct.model.shipped export CKPT --name NAME --card
-CARD.json`` turns a vit-ct checkpoint into one (the card's own fields from CARD.json, the input contract and the
-architecture from the checkpoint).
+CARD.json --record RECORD.json`` turns a vit-ct checkpoint into one (the card's own fields from CARD.json, the input
+contract and the architecture from the checkpoint, its figures from the records of their measurement, e.g.
+``benchmarks/shipped_card.py``'s); ``python -m vit_ct.model.shipped record NAME RECORD.json`` puts a record's figures
+into the card of weights already exported. A record only enters the card of the very weights it measured.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -84,14 +87,67 @@ def architecture(tag: str) -> dict[str, Any]:
     return dict(card(tag)["architecture"])
 
 
-def export(checkpoint_path: str | Path, name: str, fields: dict[str, Any], folder: Path = FOLDER) -> Path:
+def weights_sha256(path: str | Path) -> str:
+    """The SHA-256 of a weights file: what ties a record of figures to the weights it measured."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def add_record(name: str, record_path: str | Path, folder: Path = FOLDER) -> Path:
+    """Put the figures of a measurement's record (``vit_ct.run.records``) into the card of shipped weights ``name``:
+    ``card[<the record's card_section>] = {"figures": ..., "measured": how, when, where}``; returns the card.
+
+    Raises:
+        ValueError: the record is not one of these weights (no ``card_section``, another name, or another SHA-256 of
+            the weights file: figures of other weights never enter this card).
+    """
+    record_path = Path(record_path)
+    try:
+        record = json.loads(record_path.read_text())
+        notes, figures = record["notes"], record["figures"]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as error:
+        raise ValueError(f"--record {record_path}: not a record of figures ({error})") from error
+    card_path, weights = folder / f"{name}.json", folder / f"{name}.safetensors"
+    if not card_path.is_file() or not weights.is_file():
+        raise ValueError(f"{folder}: no shipped weights {name!r} (export them first)")
+    section = notes.get("card_section")
+    if not section or notes.get("weights") != PREFIX + name:
+        raise ValueError(f"--record {record_path} measured {notes.get('weights')!r}, not {PREFIX + name}, or names no"
+                         " card_section")  # fmt: skip
+    if notes.get("weights_sha256") != weights_sha256(weights):
+        raise ValueError(f"--record {record_path} measured other weights than {weights} (SHA-256 differs): measure"
+                         " these weights again")  # fmt: skip
+    document = json.loads(card_path.read_text())
+    machine = record.get("machine", {})
+    measured = {"record": record_path.name, "command": record.get("command"), "date": record.get("date"),
+                "commit": record.get("commit"), "cpu": machine.get("cpu"), "native_bf16": machine.get("native_bf16"),
+                "torch": machine.get("torch"), "precision": notes.get("precision")}  # fmt: skip
+    kept = {key: value for key, value in document.get(section, {}).items() if key not in ("figures", "measured")}
+    document[section] = {**kept, "figures": figures, "measured": measured}
+    with atomic_write(card_path) as tmp:
+        tmp.write_text(json.dumps(document, indent=2) + "\n")
+    return card_path
+
+
+def export(
+    checkpoint_path: str | Path, name: str, fields: dict[str, Any], folder: Path = FOLDER, records: tuple = ()
+) -> Path:
     """Write ``folder/<name>.safetensors`` (float16) and ``<name>.json`` from a vit-ct checkpoint; returns the card.
 
     Args:
         checkpoint_path: a checkpoint written by ``vit-ct fit``.
         name: the name after ``vit-ct/``.
-        fields: the card's own fields (``version``, ``licence``, ``data``, ``recipe``, ``figures``, ``not_for``...).
+        fields: the card's own fields (``version``, ``licence``, ``data``, ``recipe``, ``card_test``, ``not_for``...);
+            never figures, which come from ``records``.
+        folder: where to write.
+        records: records of these weights' measurements (:func:`add_record`), e.g. ``benchmarks/shipped_card.py``'s
+            after an earlier export of the same checkpoint (the export is deterministic: the same weights file).
+
+    Raises:
+        ValueError: not a vit-ct checkpoint, figures typed into ``fields``, or a record of other weights.
     """
+    typed = sorted(k for k, v in fields.items() if k == "figures" or (isinstance(v, dict) and "figures" in v))
+    if typed:
+        raise ValueError(f"--card: figures typed into the card ({typed}); they come from records: --record RECORD")
     import torch
     from safetensors.torch import save_file
 
@@ -117,6 +173,8 @@ def export(checkpoint_path: str | Path, name: str, fields: dict[str, Any], folde
     with atomic_write(folder / f"{name}.json") as tmp:
         tmp.write_text(json.dumps(document, indent=2) + "\n")
     (folder / f"{name}.safetensors").chmod(0o644)  # package data: readable by every user of an installed copy
+    for record in records:
+        add_record(name, record, folder)
     return folder / f"{name}.json"
 
 
@@ -130,13 +188,25 @@ def main(argv: list[str] | None = None) -> None:
     exporting.add_argument("--name", required=True, help="the name after vit-ct/")
     exporting.add_argument("--card", help="JSON file of the card's own fields (version, licence, data, recipe, ...)")
     exporting.add_argument("--folder", default=str(FOLDER), help="where to write (default: inside the package)")
+    exporting.add_argument("--record", action="append", default=[], help="a record of these weights' figures")
+    recording = commands.add_parser("record", help="a record's figures -> the card of exported weights")
+    recording.add_argument("name", help="the name after vit-ct/")
+    recording.add_argument("records", nargs="+", help="records of the weights' figures (benchmarks/records/*.json)")
+    recording.add_argument("--folder", default=str(FOLDER), help="where the weights are (default: inside the package)")
     args = parser.parse_args(argv)
     if args.command == "list":
         for tag in shipped_names():
             print(tag, "-", card(tag).get("summary", ""))
         return
-    fields = json.loads(Path(args.card).read_text()) if args.card else {}
-    print(export(args.checkpoint, args.name, fields, Path(args.folder)))
+    try:
+        if args.command == "record":
+            for record in args.records:
+                print(add_record(args.name, record, Path(args.folder)))
+            return
+        fields = json.loads(Path(args.card).read_text()) if args.card else {}
+        print(export(args.checkpoint, args.name, fields, Path(args.folder), tuple(args.record)))
+    except ValueError as error:  # one line naming the file or option, as vit-ct prints its errors
+        raise SystemExit(f"{parser.prog} {args.command}: error: {error}") from None
 
 
 if __name__ == "__main__":
