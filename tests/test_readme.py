@@ -39,9 +39,6 @@ HUB += " it offline)"
 # Small data and few steps, appended to a command (later arguments win), chosen by the configs it names; never the
 # input size (data.img_size), which stays what the configs and checkpoints resolve to.
 TINY_MANIFEST = ["--data.init_args.batch_size", "4", "--data.init_args.num_workers", "0"]
-TINY_SIMULATOR = ["--data.init_args.slice_size", "64", "--data.init_args.epoch_size", "16"]
-TINY_SIMULATOR += ["--data.init_args.val_size", "8", "--data.init_args.batch_size", "8"]
-TINY_SIMULATOR += ["--data.init_args.num_workers", "0"]
 # The README's placeholders: "a checkpoint of yours" (the newest run's last checkpoint), a DICOM archive and a NIfTI
 # volume (built by user_files); replaced also inside an argument, as in `[DICOM_DIR]`.
 PLACEHOLDERS = {"CKPT": "runs/latest/checkpoints/last.ckpt", "DICOM_DIR": "dicom", "VOLUME.nii.gz": "volume.nii.gz"}
@@ -94,14 +91,21 @@ def skip_reason(command: Command) -> str | None:
     return None
 
 
+def data_classes(argv: list[str]) -> set[str]:
+    """The data modules the configs a command names build (the class name of each config's `data.class_path`)."""
+    import yaml
+
+    configs = [Path(b) for a, b in zip(argv, argv[1:], strict=False) if a == "--config"]
+    paths = [(yaml.safe_load((ROOT / c).read_text()) or {}).get("data", {}).get("class_path", "") for c in configs]
+    return {path.rsplit(".", 1)[-1] for path in paths if path}
+
+
 def tiny_args(argv: list[str], synthetic_set: Path) -> list[str]:
-    configs = {Path(b).name for a, b in zip(argv, argv[1:], strict=False) if a == "--config"}
+    classes = data_classes(argv)
     args = list(TINY_MODEL_ARGS)
-    if "pretrain.yaml" in configs:
-        args += TINY_SIMULATOR
-    elif configs & {"manifest.yaml", "finetune.yaml", "rsna_ich.yaml"}:
+    if "CTSliceDataModule" in classes:  # a manifest: small batches, no workers (the later config wins the class)
         args += TINY_MANIFEST
-    elif "demo.yaml" in configs:
+    elif "SyntheticCTDataModule" in classes:
         args += tiny_data_args(synthetic_set, img_size=None)
     if argv[1] == "fit":
         args += ["--trainer.max_epochs", "1"]

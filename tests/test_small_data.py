@@ -15,8 +15,7 @@ from conftest import load_benchmark
 from sklearn.metrics import roc_auc_score
 
 from vit_ct.model import ViTClassifier
-from vit_ct.sim.phantom import PhantomConfig
-from vit_ct.sim.simulator import EVAL_SEED_OFFSETS
+from vit_ct.sim.cohort import COHORT_STREAM, CohortConfig, draw_patient
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,15 +25,48 @@ def sd():
     return load_benchmark("small_data")
 
 
-def test_held_out_family_is_not_the_pretraining_simulator(sd):
+@pytest.fixture(scope="module")
+def pretraining_draws():
+    """300 patients' scanners as the pretraining set draws them (`python -m vit_ct.sim.pretraining`, the set
+    `configs/pretrain.yaml` reads: the cohort's defaults at the config's input size)."""
     pretrain = yaml.safe_load((ROOT / "configs" / "pretrain.yaml").read_text())["data"]["init_args"]
-    kernels = pretrain.get("kernels", PhantomConfig.kernels)
-    assert not set(sd.HELDOUT.kernels) & set(kernels)  # another reconstruction
-    assert sd.HELDOUT.beam_hardening > pretrain.get("beam_hardening", PhantomConfig.beam_hardening)
-    assert sd.HELDOUT.photons_per_ray_range[1] < PhantomConfig.photons_per_ray_range[1]  # lower dose
-    seeds = {pretrain.get("seed", 0) + offset for offset in (0, *EVAL_SEED_OFFSETS.values())}
-    assert sd.HELDOUT_SEED not in seeds
-    assert pretrain["windows"] == sd.WINDOWS  # every stem weight carries over
+    assert pretrain["manifest"] == "data/pretraining/manifest.csv" and pretrain["img_size"] == CohortConfig().size
+    return [draw_patient(0, index, CohortConfig())[3] for index in range(300)]
+
+
+def test_the_family_table_says_what_lies_outside_the_pretraining_and_the_draws_agree(sd, pretraining_draws):
+    """The README's table of the held-out families (benchmarks/family_ranges.py, from the code): each verdict held
+    against what the pretraining really draws, not against a config's defaults."""
+    ranges = load_benchmark("family_ranges")
+    rows = {row.name: row.families for row in ranges.settings()}
+    verdict = {(name, family): rows[name][family][1] for name in rows for family in ("near", "far")}
+    beam = [p.beam_hardening for p in pretraining_draws]
+    assert sd.HELDOUT.beam_hardening > max(beam) and verdict["bone beam hardening", "near"] == ranges.OUTSIDE
+    assert min(beam) <= sd.HELDOUT_FAR.beam_hardening <= max(beam)
+    assert verdict["bone beam hardening", "far"] == ranges.INSIDE
+    kernels = {p.kernel_name for p in pretraining_draws}
+    assert set(sd.HELDOUT.kernels) <= kernels and verdict["reconstruction kernel", "near"] == ranges.INSIDE
+    assert not {k.name for k in sd.HELDOUT_FAR.kernels} & kernels
+    assert verdict["reconstruction kernel", "far"] == ranges.OUTSIDE
+    spacing = [p.pixel_spacing_mm for p in pretraining_draws]
+    assert min(spacing) <= sd.HELDOUT.pixel_spacing_mm <= max(spacing) < sd.HELDOUT_FAR.pixel_spacing_mm
+    spacing_verdicts = (verdict["pixel spacing (mm)", "near"], verdict["pixel spacing (mm)", "far"])
+    assert spacing_verdicts == (ranges.INSIDE, ranges.OUTSIDE)
+    modulation = CohortConfig().scanner.dose_modulation  # each slice's dose: the patient's, times up to this either way
+    photons = [p.photons_per_ray for p in pretraining_draws]
+    for family, phantom in (("near", sd.HELDOUT), ("far", sd.HELDOUT_FAR)):
+        low, high = phantom.photons_per_ray_range
+        assert min(photons) / modulation <= low and high <= max(photons) * modulation, family
+        assert verdict["dose: photons per detector bin and view", family] == ranges.INSIDE
+        assert verdict["bleed contrast (HU)", family] == ranges.INSIDE  # 45-85 HU within the cohort's 40-90
+    assert ranges.outside("near") == ["bone beam hardening"]
+    assert ranges.outside("far") == ["reconstruction kernel", "pixel spacing (mm)"]
+
+
+def test_the_held_out_families_share_the_pretrainings_input_but_not_its_seeds(sd):
+    pretrain = yaml.safe_load((ROOT / "configs" / "pretrain.yaml").read_text())
+    assert pretrain["data"]["init_args"]["windows"] == sd.WINDOWS  # every stem weight carries over
+    assert {sd.HELDOUT_SEED, sd.HELDOUT_FAR_SEED}.isdisjoint({pretrain.get("seed_everything", 0), 0, COHORT_STREAM})
 
 
 def test_patient_bootstrap_gives_sklearns_auroc_inside_its_interval(sd):
