@@ -50,10 +50,12 @@ def _assert_full_disk_error(error: CheckpointDiskFullError, path: Path, *, kept:
     assert error.errno == errno.ENOSPC
     assert message.startswith(f"checkpoint {path} was not written: No space left on device (")
     assert f"MB free in {path.parent}; the checkpoint needs about 4.0 MB)" in message
+    other = "and the folder's other checkpoints are untouched (checkpoints are written whole or not at all)"
     if kept:
-        assert "the previous last.ckpt is intact (checkpoints are written whole or not at all)" in message
+        assert f"the previous last.ckpt is intact, {other}" in message
+        assert message.endswith(f"and resume with --ckpt_path {path}")
     else:
-        assert f"nothing was written at {path}" in message
+        assert f"nothing was written at {path}, {other}" in message
     assert not [p.name for p in path.parent.iterdir() if p.name.startswith(".")]  # no temporary file left
 
 
@@ -125,6 +127,7 @@ def test_fit_on_a_disk_that_fills_up_stops_with_the_named_error_and_keeps_last_c
         checkpoints = disk / "run" / "checkpoints"
         assert error[0].startswith(f"vit-ct: error: CheckpointDiskFullError: checkpoint {checkpoints}/")
         assert "No space left on device (0.0 MB free in" in error[0]
+        assert error[0].endswith(f"and resume with --ckpt_path {checkpoints / 'last.ckpt'}")
         last = read_checkpoint(checkpoints / "last.ckpt")  # whole, as the first epoch left it
         assert last["epoch"] == 0
         assert not [p.name for p in checkpoints.iterdir() if p.name.startswith(".")]

@@ -98,15 +98,14 @@ def disk_full_error(path: Path, error: OSError, *, needed: int) -> CheckpointDis
         free = f"{disk.f_bavail * disk.f_frsize / 1e6:.1f} MB free in {path.parent}"
     except OSError:
         free = f"free space in {path.parent} unknown"
-    kept = (
-        f"the previous {path.name} is intact (checkpoints are written whole or not at all)"
-        if path.exists()
-        else f"nothing was written at {path}"
-    )
+    kept = f"the previous {path.name} is intact" if path.exists() else f"nothing was written at {path}"
+    last = path.parent / "last.ckpt"
+    resume = f"--ckpt_path {last}" if last.is_file() else "--ckpt_path and the last checkpoint"
     full = CheckpointDiskFullError(
         f"checkpoint {path} was not written: {error.strerror or error} ({free}; the checkpoint needs about"
-        f" {needed / 1e6:.1f} MB); {kept}. Free some space, or write the run to another disk"
-        " (--trainer.default_root_dir), and resume from the last checkpoint with --ckpt_path"
+        f" {needed / 1e6:.1f} MB); {kept}, and the folder's other checkpoints are untouched (checkpoints are written"
+        f" whole or not at all). Free some space, or write the run to another disk (--trainer.default_root_dir),"
+        f" and resume with {resume}"
     )
     full.errno = error.errno
     return full
