@@ -265,7 +265,9 @@ class SliceCache:
         has_mask = mask_slots >= 0
         self._check_held(slots, mask_slots[has_mask])
         hu_map, mask_map = self._open()
-        hu = np.take(hu_map, slots, axis=0, out=out)  # a gather: a copy, the map stays read-only
+        # a gather: a copy, the map stays read-only ("clip": bounds checked above, and "raise" would gather `out`
+        # through a temporary buffer, whose fresh pages cost more than the copy)
+        hu = hu_map.take(slots, axis=0, out=out, mode="clip")
         masks = None
         if mask_map is not None:
             masks = np.zeros((len(slots), self.img_size, self.img_size), dtype=np.uint8)
