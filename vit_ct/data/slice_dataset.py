@@ -4,6 +4,7 @@ read from the files, from memory, or from the disk cache.
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Sequence
 from typing import Any, TypedDict
 
@@ -20,6 +21,16 @@ from vit_ct.data.slice_cache import SliceCache
 from vit_ct.progress import track
 
 _FILL_CHUNK = 256  # slices copied at once when the in-memory cache is filled from the disk cache
+
+
+def _resident(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """An empty array whose pages the kernel maps in one call (``MAP_POPULATE``, Linux) instead of one fault a page as
+    it is filled: on a shared 2-core VM whose RAM the page cache held, 0.06 ms per 144 KiB slice against 0.02-0.27."""
+    size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    if not hasattr(mmap, "MAP_POPULATE") or size == 0:
+        return np.empty(shape, dtype)
+    pages = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE)
+    return np.frombuffer(pages, dtype=dtype).reshape(shape)
 
 
 class CTBatch(TypedDict):
@@ -180,7 +191,7 @@ class CTSliceDataset(Dataset):
         if not rows:
             return
         size, chunks = self._source.img_size, range(0, len(rows), _FILL_CHUNK)
-        hu = np.empty((len(rows), 1, size, size), dtype=self._source.hu_dtype)
+        hu = _resident((len(rows), 1, size, size), self._source.hu_dtype)
         held = {"hu": torch.from_numpy(hu)}
         for start in track(chunks, description=description, transient=True) if description else chunks:
             chunk = np.asarray(rows[start : start + _FILL_CHUNK], dtype=np.int64)
