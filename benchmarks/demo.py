@@ -24,6 +24,7 @@ from vit_ct.run.records import RECORDS, ROOT, command_line, git_state, write_rec
 
 EPOCH_LINE = re.compile(r"^epoch (\d+)/(\d+) .* ([0-9.]+) s$")  # a fit's line per epoch without a terminal
 REPORT_START = "vit-ct demo: done"
+MAKE_LINE = re.compile(r"^make(\[\d+\])?: ")  # make -C's "Leaving directory" lines, not the report's
 
 
 def copy_checkout(destination: Path) -> None:
@@ -60,7 +61,7 @@ def report_of(output: str) -> str:
     starts = [i for i, line in enumerate(lines) if line.strip() == REPORT_START]
     if not starts:
         raise RuntimeError(f"make demo printed no report (no line {REPORT_START!r}):\n{output[-3000:]}")
-    return "\n".join(lines[starts[-1] :]).rstrip()
+    return "\n".join(line for line in lines[starts[-1] :] if not MAKE_LINE.match(line)).rstrip()
 
 
 def main(argv: list[str] | None = None, records: Path | None = None) -> dict:

@@ -110,10 +110,10 @@ def settings(config: CohortConfig = CohortConfig(), families: dict | None = None
             per_family(lambda p: "; ".join(map(kernel_text, p.kernels)), lambda p: kernel_verdict(p.kernels, config)),
         ),
         Setting(
-            "pixel spacing (mm)",
-            f"{_span(*scanner.pixel_spacing_mm_range)}, raised where a large head needs the field of view",
+            "pixel spacing",
+            f"{_span(*scanner.pixel_spacing_mm_range)} mm, raised where a large head needs the field of view",
             per_family(
-                lambda p: f"{p.pixel_spacing_mm:g}",
+                lambda p: f"{p.pixel_spacing_mm:g} mm",
                 lambda p: one_value(p.pixel_spacing_mm, scanner.pixel_spacing_mm_range),
             ),  # fmt: skip
         ),
@@ -130,7 +130,7 @@ def settings(config: CohortConfig = CohortConfig(), families: dict | None = None
         ),
         Setting(
             "slice thickness",
-            f"{_span(min(scanner.slice_thicknesses_mm), max(scanner.slice_thicknesses_mm))} mm, levels "
+            f"{min(scanner.slice_thicknesses_mm):g}-{max(scanner.slice_thicknesses_mm):g} mm, levels "
             f"{config.sub_slice_mm:g} mm apart averaged (one level up to {config.sub_slice_mm:g} mm)",
             per_family(lambda p: "one level", lambda p: INSIDE),
         ),
@@ -142,10 +142,10 @@ def settings(config: CohortConfig = CohortConfig(), families: dict | None = None
             ),  # fmt: skip
         ),
         Setting(
-            "bleed contrast (HU)",
-            f"{_span(*config.bleed_hu_range)}; {config.low_contrast_fraction:.0%} of bleeds in the lowest 10 HU",
+            "bleed contrast",
+            f"{_span(*config.bleed_hu_range)} HU; {config.low_contrast_fraction:.0%} of bleeds in the lowest 10 HU",
             per_family(
-                lambda p: f"{_span(*p.bleed_hu_range)}; {p.low_contrast_fraction:.0%} in the lowest 10 HU",
+                lambda p: f"{_span(*p.bleed_hu_range)} HU; {p.low_contrast_fraction:.0%} in the lowest 10 HU",
                 lambda p: interval_verdict(p.bleed_hu_range, config.bleed_hu_range),
             ),  # fmt: skip
         ),

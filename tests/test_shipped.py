@@ -4,6 +4,8 @@ card names and make the data follow the input their card records, as a checkpoin
 from __future__ import annotations
 
 import logging
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -87,6 +89,50 @@ def test_a_command_with_a_checkpoint_ignores_the_start_weights_its_config_names(
 
 
 SHIPPED = "vit-ct/headct-tiny-256"
+# How close a new scoring of the card test set comes to the card (fp32), as the README states: counts exactly, scores
+# (AUROC, pointing, pixel AUROC, Dice) within SCORE_TOLERANCE, HD95 within HD95_TOLERANCE_MM: room for another CPU's
+# fp32 arithmetic (not measured); scored with 1 and with 2 torch threads on one machine the figures were equal to the
+# last digit (benchmarks/records/shipped_card.json, shipped_card_1thread.json).
+SCORE_TOLERANCE = 1e-4
+HD95_TOLERANCE_MM = 0.01
+
+
+def test_export_takes_the_cards_figures_from_a_record_of_these_weights_only(exported, tmp_path):
+    from vit_ct.run.records import write_record
+
+    folder = shipped.FOLDER
+    notes = {"weights": "vit-ct/tiny", "card_section": "card_test", "precision": "32-true",
+             "weights_sha256": shipped.weights_sha256(folder / "tiny.safetensors")}  # fmt: skip
+    record = write_record("tiny_card", {"auroc": 0.75, "slices": 8}, command="python card.py", notes=notes,
+                          folder=tmp_path / "records")  # fmt: skip
+    shipped.main(["record", "tiny", str(record), "--folder", str(folder)])
+    card = shipped.card("vit-ct/tiny")
+    assert card["card_test"]["figures"] == {"auroc": 0.75, "slices": 8} and card["version"] == "0.1"
+    assert card["card_test"]["measured"]["record"] == "tiny_card.json"
+    other = write_record("other", {"auroc": 0.9}, command="x", folder=tmp_path / "records",
+                         notes={**notes, "weights_sha256": "0" * 64})  # fmt: skip
+    with pytest.raises(SystemExit, match=r"record: error: --record .*other.json measured other weights"):
+        shipped.main(["record", "tiny", str(other), "--folder", str(folder)])
+    assert shipped.card("vit-ct/tiny")["card_test"]["figures"]["auroc"] == 0.75  # the card as it was
+    fields = tmp_path / "fields.json"
+    fields.write_text('{"version": "0.2", "card_test": {"seed": 1, "figures": {"auroc": 0.99}}}')
+    with pytest.raises(SystemExit, match=r"export: error: --card: figures typed into the card \(\['card_test'\]\)"):
+        shipped.main(["export", str(exported[1]), "--name", "tiny", "--card", str(fields), "--folder", str(folder)])
+
+
+def test_the_cards_figures_are_the_record_of_a_scoring_of_these_very_weights():
+    from vit_ct.run.records import read_record
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    claimed = re.search(r"scores within ([0-9.e-]+) and HD95 within ([0-9.]+) mm", readme)  # the README's claim
+    assert claimed and (float(claimed[1]), float(claimed[2])) == (SCORE_TOLERANCE, HD95_TOLERANCE_MM)
+
+    card, record = shipped.card(SHIPPED)["card_test"], read_record("shipped_card")
+    assert card["figures"] == record["figures"] and card["measured"]["date"] == record["date"]
+    assert record["notes"]["weights_sha256"] == shipped.weights_sha256(shipped.weights_file(SHIPPED))
+    assert record["notes"]["precision"] == "32-true" and card["measured"]["precision"] == "32-true"
+    spec = {key: card[key] for key in ("patients", "slices_per_patient", "seed")}
+    assert record["notes"]["card_test"] == spec  # the set the figures were measured on is the one the card names
 
 
 def test_the_package_ships_its_head_ct_weights_with_a_card():
@@ -107,7 +153,10 @@ def test_the_shipped_weights_reproduce_their_cards_figures_on_the_card_test_set(
     expected = shipped.card(SHIPPED)["card_test"]["figures"]
     manifest = card_benchmark.card_test_set(SHIPPED, tmp_path / "card-test", num_workers=2, progress=False)
     figures = card_benchmark.measure(SHIPPED, manifest, progress=False)
-    assert figures["slices"] == expected["slices"] and figures["lesion_slices"] == expected["lesion_slices"]
-    assert figures["auroc"] == pytest.approx(expected["auroc"], abs=0.005)
-    for name in ("pointing", "pixel_auroc", "dice"):
-        assert figures[name] == pytest.approx(expected[name], abs=0.02), name
+    assert set(figures) == set(expected)  # every figure the card states
+    for name, value in expected.items():
+        if isinstance(value, int):
+            assert figures[name] == value, name
+        else:
+            tolerance = HD95_TOLERANCE_MM if name.endswith("_mm") else SCORE_TOLERANCE
+            assert figures[name] == pytest.approx(value, abs=tolerance), name

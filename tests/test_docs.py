@@ -1,0 +1,143 @@
+"""Every measured figure of the README and docs is one a record holds (``benchmarks/records/``), written in by ``make
+docs`` (``benchmarks/docs.py``): a figure edited by hand, a record replaced without the text, or a record named by
+the docs that does not exist fails here. The demo's sample output has the rows and columns ``make demo`` prints."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import pytest
+from conftest import ROOT, load_benchmark
+
+from vit_ct.run import records as records_module
+from vit_ct.run.records import RECORDS, duration, markdown_table, read_record, table, write_record
+from vit_ct.run.summary import report
+
+docs = load_benchmark("docs")
+README = ROOT / "README.md"
+# A measured figure outside a generated part: a duration, a size, a speed-up, a rate, a 3-decimal score.
+MEASURED = re.compile(
+    r"\b\d[\d,]*(\.\d+)? ?(ms|s|min|h|GB|MB|GiB|MiB)\b|\b\d+(\.\d+)?x\b|\b0\.\d{3}\b|\b\d[\d,.]* (slices|images)/s"
+)
+# Numbers the docs state as prose without a record, each with where it comes from (the issue's rule: a paper's
+# figure, a configuration value, a fact of the file format or the code).
+PROSE = {
+    "128 KiB": "a float16 slice at 256 x 256: 256 * 256 * 2 bytes (the disk cache's format)",
+    "30 min": "torch.distributed's default process-group timeout (Lightning's barrier in prepare_data)",
+    "60 s": "the verdicts' lock timeout (vit_ct/review/verdicts.py)",
+    "5 s": "how often the disk cache flushes while it is built (vit_ct/data/slice_cache.py)",
+    "0.625": "the thinnest slice the pretraining set draws (SLICE_THICKNESSES_MM, vit_ct/sim/protocol.py)",
+}
+
+
+def generated_parts_removed(text: str) -> str:
+    text = docs.BLOCK.sub("", text)
+    text = docs.FIGURE.sub("", text)
+    text = re.sub(r"```.*?```", "", text, flags=re.DOTALL)  # commands and sample output
+    return re.sub(r"`[^`]*`", "", text)  # code, options and examples: `--trainer.callbacks.decay 0.999`
+
+
+def test_every_generated_part_of_the_readme_and_docs_equals_its_record():
+    found = [line for path in docs.documents() for line in docs.differences(path, docs.Records())]
+    assert not found, "run `make docs` (or measure again):\n" + "\n".join(found)
+
+
+def test_the_docs_state_no_measured_figure_outside_a_generated_part():
+    stray = []
+    for path in docs.documents():
+        for line in generated_parts_removed(path.read_text()).splitlines():
+            for match in MEASURED.finditer(line):
+                if match.group(0).strip() not in PROSE:
+                    stray.append(f"{path.name}: {match.group(0)!r} in {line.strip()[:100]!r}")
+    assert not stray, "figures without a record (measure them into one and mark them, or remove them):\n" + "\n".join(
+        stray
+    )
+
+
+def test_a_figure_edited_by_hand_fails(tmp_path):
+    text = README.read_text()
+    figure = next(docs.FIGURE.finditer(text))
+    edited = text[: figure.start("value")] + "1" + text[figure.start("value") :]  # 0.968 -> 10.968
+    (tmp_path / "README.md").write_text(edited)
+    found = docs.differences(tmp_path / "README.md", docs.Records())
+    line = text.count("\n", 0, figure.start()) + 1
+    assert found and found[0].startswith(f"README.md line {line}:"), found
+    block = next(docs.BLOCK.finditer(text))
+    body = block.group("body")
+    digit = re.search(r"\d", body).start() + block.start("body")
+    edited = text[:digit] + str((int(text[digit]) + 1) % 10) + text[digit + 1 :]
+    (tmp_path / "README.md").write_text(edited)
+    assert docs.differences(tmp_path / "README.md", docs.Records()), "a digit of a generated table changed by hand"
+
+
+def test_a_record_replaced_without_the_text_fails(tmp_path):
+    text = README.read_text()
+    name, key, _spec = next(m["spec"].split() for m in docs.FIGURE.finditer(text) if "seconds" not in m["spec"])
+    folder = tmp_path / "records"
+    shutil.copytree(RECORDS, folder)
+    record = json.loads((folder / f"{name}.json").read_text())
+    record["figures"][key] = record["figures"][key] * 0.5 + 0.001  # a record measured again
+    (folder / f"{name}.json").write_text(json.dumps(record))
+    assert not docs.differences(README, docs.Records(RECORDS))
+    assert docs.differences(README, docs.Records(folder))
+
+
+def test_a_marker_naming_no_record_or_figure_is_refused_by_file_and_line(tmp_path):
+    with pytest.raises(ValueError, match=r"X\.md line 2: .*nothing\.json: no such record"):
+        docs.render("text\n<!--fig nothing auroc .3f-->0.9<!--/fig-->\n", docs.Records(tmp_path), "X.md")
+    write_record("r", {"auroc": 0.9}, command="python x.py", folder=tmp_path)
+    with pytest.raises(ValueError, match=r"X\.md line 1: .*record r has no figure 'pointing'"):
+        docs.render("<!--fig r pointing .3f-->0.9<!--/fig-->", docs.Records(tmp_path), "X.md")
+    with pytest.raises(ValueError, match=r"unknown generated part 'chart'"):
+        docs.render("<!-- begin chart r -->\n<!-- end -->", docs.Records(tmp_path), "X.md")
+    assert docs.render("<!--fig r auroc .1%-->?<!--/fig-->", docs.Records(tmp_path)) == (
+        "<!--fig r auroc .1%-->90.0%<!--/fig-->"
+    )
+
+
+def test_a_record_holds_the_figures_the_command_the_commit_and_the_machine(tmp_path):
+    results = table(["method", "ms"], [["a", 1.234], ["b", None]], [None, ".1f"])
+    path = write_record("bench", {"a_ms": 1.234}, command="python benchmarks/x.py --n 2", tables={"t": results},
+                        seconds=448.4, folder=tmp_path)  # fmt: skip
+    record = read_record("bench", tmp_path)
+    assert path == tmp_path / "bench.json" and record["figures"] == {"a_ms": 1.234}
+    assert record["command"] == "python benchmarks/x.py --n 2" and record["seconds"] == 448.4
+    assert re.fullmatch(r"[0-9a-f]{40}", record["commit"]) and isinstance(record["dirty"], bool)
+    assert {"cpu", "cpus_usable", "native_bf16", "torch"} <= set(record["machine"])
+    assert markdown_table(record["tables"]["t"]) == "| method | ms |\n|---|---:|\n| a | 1.2 |\n| b |  |"
+    assert (duration(448.4), duration(52), duration(4980)) == ("7 min 28 s", "52 s", "1 h 23 min")
+    with pytest.raises(ValueError, match="record name 'Bad name'"):
+        write_record("Bad name", {}, command="x", folder=tmp_path)
+    (tmp_path / "broken.json").write_text("{")
+    with pytest.raises(ValueError, match="broken.json is not valid JSON"):
+        read_record("broken", tmp_path)
+    with pytest.raises(ValueError, match="every row and the formats need 2 cells"):
+        table(["a", "b"], [[1]])
+    assert records_module.RECORDS == ROOT / "benchmarks" / "records"
+
+
+def report_rows(text: str) -> list[str]:
+    """Each line of a report without its figures and paths: its row name, the names of its figures, the columns."""
+    words = (word for line in text.strip("\n").splitlines() for word in [line.split()])
+    return [" ".join(w for w in line if "/" not in w and not re.match(r"[-\d.]", w)) for line in words]
+
+
+def test_the_readme_sample_output_has_the_rows_and_columns_the_demo_prints_today(tmp_path):
+    """The report of the demo's record is the README's sample (test above); here it is held against what
+    ``vit_ct.run.summary.report`` prints today from the same run's summary: same rows, same columns."""
+    demo = read_record("demo")
+    sample = re.search(r"<!-- begin demo-report -->\n```text\n(.*?)```", README.read_text(), re.DOTALL).group(1)
+    assert sample.strip() == demo["notes"]["report"].strip()
+    outputs = tmp_path / "outputs"
+    outputs.mkdir()
+    for name, rows in demo["notes"]["rows"].items():  # the row counts the report prints
+        (outputs / f"{name}.csv").write_text("a\n" + "1\n" * rows)
+    today = report(outputs, demo["notes"]["summary"])
+    assert report_rows(today) == report_rows(sample)
+    assert "perfect_patch" in sample and "hd95_mm" in sample and "dice" in sample
+
+
+def test_the_demo_left_the_checkout_as_it_was():
+    assert read_record("demo")["notes"]["tracked_files_unchanged"]
