@@ -45,12 +45,16 @@ def card_test_set(tag: str, root: Path, *, num_workers: int = 1, progress: bool 
     )  # fmt: skip
 
 
-def measure(tag: str, manifest: Path, *, batch_size: int = 32, progress: bool = True) -> dict[str, float]:
-    """The card's figures of the shipped weights ``tag`` on every slice of ``manifest``, in fp32."""
+def measure(
+    tag: str, manifest: Path, *, split: str | None = None, batch_size: int = 32, progress: bool = True
+) -> dict[str, float]:
+    """The card's figures of the shipped weights ``tag`` on every slice of ``manifest`` (or of its ``split``), fp32."""
     card_input = shipped.input_contract(tag)  # the network at the input size the weights were trained for
     model = ViTClassifier(pretrained=tag, img_size=card_input.img_size, in_chans=card_input.in_chans).eval()
     contract = model.input_contract
     table = read_manifest(manifest)
+    if split is not None:
+        table = table[table["split"] == split].reset_index(drop=True)
     dataset = CTSliceDataset(table, windows=contract.windows, img_size=contract.img_size)
     spacing = model_grid_spacing_mm(contract.img_size)
     tolerance = model.hparams.localisation_tolerance_mm
@@ -88,24 +92,31 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> dict[str
     parser.add_argument("--root", type=Path, default=Path("data/card-test"), help="where the card test set is built")
     parser.add_argument("--num-workers", type=int, default=1, help="processes of the simulator")
     parser.add_argument("--threads", type=int, help="torch threads of the scoring (default: torch's)")
-    parser.add_argument("--record-name", default="shipped_card", help="the record's name (default shipped_card)")
+    parser.add_argument("--record-name", help="the record's name (default shipped_card, or shipped_pretraining_test)")
+    parser.add_argument("--pretraining-set", type=Path, help="score the test split of this pretraining set's manifest "
+                        "(python -m vit_ct.sim.pretraining's, e.g. data/pretraining/manifest.csv) instead: the card's "
+                        "pretraining_test figures")  # fmt: skip
     args = parser.parse_args(argv)
+    section = "pretraining_test" if args.pretraining_set else "card_test"
+    args.record_name = args.record_name or ("shipped_pretraining_test" if args.pretraining_set else "shipped_card")
     if args.threads:
         torch.set_num_threads(args.threads)
     start = time.perf_counter()
     torch.manual_seed(0)
-    manifest = card_test_set(args.tag, args.root, num_workers=args.num_workers)
+    if args.pretraining_set:
+        manifest, split = args.pretraining_set, "test"
+    else:
+        manifest, split = card_test_set(args.tag, args.root, num_workers=args.num_workers), None
     written = time.perf_counter()
-    figures = measure(args.tag, manifest)
+    figures = measure(args.tag, manifest, split=split)
     print(f"measured on {describe_machine()}, fp32, {torch.get_num_threads()} threads")
     print(pd.Series(figures).to_string())
     if records is not None:
+        spec = {k: v for k, v in shipped.card(args.tag)["card_test"].items() if k not in ("figures", "measured")}
         notes = {"weights": args.tag, "weights_sha256": shipped.weights_sha256(shipped.weights_file(args.tag)),
-                 "card_section": "card_test", "card_test": shipped.card(args.tag)["card_test"] | {"figures": None},
-                 "precision": "32-true", "threads": torch.get_num_threads(),
+                 "card_section": section, "precision": "32-true", "threads": torch.get_num_threads(),
                  "seconds_writing_the_set": round(written - start, 1)}  # fmt: skip
-        del notes["card_test"]["figures"]
-        notes["card_test"].pop("measured", None)
+        notes |= {"manifest": str(manifest), "split": split} if args.pretraining_set else {"card_test": spec}
         write_record(args.record_name, figures, command=command_line("benchmarks/shipped_card.py", argv),
                      seconds=time.perf_counter() - written, notes=notes, folder=records)  # fmt: skip
     return figures
