@@ -249,13 +249,18 @@ class SliceCache:
             self._maps = tuple(maps)
         return self._maps
 
-    def batch(self, slots: np.ndarray, *, out: np.ndarray | None = None) -> dict:
+    @property
+    def has_masks(self) -> bool:
+        """Whether any slot holds a lesion mask (the batches then carry ``mask``)."""
+        return self._open()[1] is not None
+
+    def batch(self, slots: np.ndarray, *, out: np.ndarray | None = None, out_mask: np.ndarray | None = None) -> dict:
         """Slots as a batch before windowing (`vit_ct.data.model_input.apply_windows`), in one gather from the maps,
         each slot verified against its checksum: ``hu`` ``(B, 1, S, S)`` in the cache's dtype, ``mask``
         ``(B, 1, S, S)`` uint8 (zeros without a mask; left out when the cache holds no mask at all, as for RSNA:
         zeros are made where the batch lands), ``has_mask``, ``source_shape`` ``(B, 2)`` and ``pixel_spacing_mm``
-        ``(B,)`` of the model grid (NaN where unknown). ``out``: a ``(B, S, S)`` array of the cache's dtype to gather
-        the HU into, which ``hu`` then views (the in-memory cache's block: one copy instead of two).
+        ``(B,)`` of the model grid (NaN where unknown). ``out``, ``out_mask``: ``(B, S, S)`` arrays (the cache's dtype;
+        uint8, zeros) to gather into, which ``hu`` and ``mask`` then view (the in-memory cache's blocks).
 
         Raises:
             CacheSlotError: naming the slots' source images, when a slot's bytes are not those written into it or
@@ -270,7 +275,7 @@ class SliceCache:
         hu = hu_map.take(slots, axis=0, out=out, mode="clip")
         masks = None
         if mask_map is not None:
-            masks = np.zeros((len(slots), self.img_size, self.img_size), dtype=np.uint8)
+            masks = out_mask if out_mask is not None else np.zeros((len(slots), self.img_size, self.img_size), np.uint8)
             masks[has_mask] = mask_map[mask_slots[has_mask]]
         changed = [
             slot
