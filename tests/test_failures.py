@@ -396,6 +396,10 @@ def test_a_value_the_data_refuses_is_reported_without_the_parsers_dump(data, opt
 @pytest.mark.slow
 def test_predict_with_a_checkpoint_prints_no_warning_a_user_cannot_act_on(data, tmp_path):
     manifest, _ = data
+    # slices of known pixel size: without it, the one note on scoring in pixels is a warning a user can act on
+    table = pd.read_csv(manifest)
+    table["pixel_spacing_mm"] = 0.8
+    table.to_csv(manifest, index=False)
     _command("fit", *manifest_args(manifest), *NO_LOGGER, "--trainer.max_epochs", "1", "--trainer.default_root_dir",
              str(tmp_path / "run"), cwd=tmp_path)  # fmt: skip
     ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
