@@ -78,8 +78,9 @@ def test_the_command_builds_the_stem_a_timm_file_holds(timm_file, tmp_path):
     manifest = write_npy_manifest(tmp_path / "data", train=2, val=2)
     with pytest.warns(UserWarning, match="holds timm's linear patch embedding: the network is built with stem 'patch'"):
         cli = main(["fit", *manifest_args(manifest), "--trainer.logger", "false", "--trainer.max_epochs", "0",
-                    "--model.weights", str(path)])  # fmt: skip
+                    "--model.weights", str(path), "--trainer.default_root_dir", str(tmp_path / "run")])  # fmt: skip
     assert cli.model.hparams.stem == "patch"
+    assert (tmp_path / "run" / "config.yaml").is_file()  # the run's files in its own folder, not the working one
     torch.testing.assert_close(
         cli.model.vit.patch_embed.proj.weight, adapt_input_conv(1, state["patch_embed.proj.weight"])
     )
