@@ -100,7 +100,8 @@ def test_the_start_up_benchmark_reads_which_packages_each_command_imports():
 
 def test_the_public_names_load_on_first_use():
     code = (
-        "import sys, vit_ct; assert 'torch' not in sys.modules; from vit_ct import ViTClassifier, attention_rollout;"
+        "import sys, vit_ct; assert 'torch' not in sys.modules and 'rich' not in sys.modules;"
+        " from vit_ct import ViTClassifier, attention_rollout;"
         " from vit_ct.model.classifier import ViTClassifier as C; assert ViTClassifier is C;"
         " import vit_ct.datamodule as old;"
         " assert old.CTSliceDataModule is vit_ct.CTSliceDataModule; ns = {}; exec('from vit_ct import *', ns);"

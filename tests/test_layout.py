@@ -122,6 +122,27 @@ def test_class_paths_of_earlier_releases_still_load(tmp_path, capsys, class_path
     assert printed["data"]["class_path"].split(".")[-1] == class_path.split(".")[-1]
 
 
+def test_a_class_that_left_a_module_still_there_loads_by_its_old_path_with_a_warning(tmp_path, capsys):
+    """``vit_ct.progress`` stayed (progress bars) while ``EpochLines`` moved to ``vit_ct.run.progress``: a saved
+    ``--trainer.callbacks+=vit_ct.progress.EpochLines`` still loads, and Python code is told where it lives now."""
+    import vit_ct.progress
+    from vit_ct.run.progress import EpochLines
+
+    moved = r"vit_ct\.progress\.EpochLines moved to vit_ct\.run\.progress\.EpochLines"
+    with pytest.warns(DeprecationWarning, match=moved):
+        from vit_ct.progress import EpochLines as old
+    assert old is EpochLines
+    with pytest.raises(AttributeError, match="module 'vit_ct.progress' has no attribute 'Nothing'"):
+        vit_ct.progress.Nothing  # noqa: B018
+    callbacks = [{"class_path": "vit_ct.progress.EpochLines", "init_args": {"always": True}}]
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"trainer": {"callbacks": callbacks}}))
+    with pytest.warns(DeprecationWarning, match=moved), pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(config), "--print_config"])
+    assert exit_info.value.code in (0, None)
+    assert yaml.safe_load(capsys.readouterr().out)["trainer"]["callbacks"] == callbacks
+
+
 def test_the_top_of_the_package_holds_only_its_entry_points():
     """A reader sees the architecture in ``ls vit_ct/``: rooms by role, and at the top only the public API, the
     command, and the bases everything shares: writing files, progress bars."""

@@ -1,13 +1,17 @@
 """Import paths of earlier releases that saved configs may name (``class_path: vit_ct.simulator.SimulatorDataModule``,
 ``--trainer.callbacks+=vit_ct.progress.EpochLines``): registered as aliases, so that a run's ``config.yaml`` or a
-command written before the package was split into folders still loads."""
+command written before the package was split into folders still loads. A module that is gone becomes an alias module;
+a name that left a module which is still there (``vit_ct.progress``) is found through that module's ``__getattr__``
+(PEP 562), with a :class:`DeprecationWarning` naming its new place."""
 
 from __future__ import annotations
 
 import importlib
 import importlib.abc
+import importlib.machinery
 import importlib.util
 import sys
+import warnings
 
 # old module -> {class a config could name in it: the module it lives in now} (data modules, callbacks, checkpoint
 # plugins, embed layers)
@@ -19,7 +23,6 @@ ALIASES = {
     "vit_ct.simulator": {"SimulatorDataModule": "vit_ct.sim.simulator"},
     # before the top of the package was split into model/, metrics/, predict/ and run/
     "vit_ct.callbacks": {"RolloutOverlayCallback": "vit_ct.run.wandb_media", "BadFilesReport": "vit_ct.run.runs"},
-    "vit_ct.progress": {"EpochLines": "vit_ct.run.progress"},
     "vit_ct.scan_metrics": {"ScanAUROC": "vit_ct.run.scan_auroc"},
     "vit_ct.checkpoint": {
         "AtomicCheckpointIO": "vit_ct.run.checkpoint",
@@ -28,12 +31,14 @@ ALIASES = {
     },
     "vit_ct.stem": {"ConvStemPatchEmbed": "vit_ct.model.stem"},
 }
+# module that is still there -> {class that left it: the module it lives in now}
+MOVED = {"vit_ct.progress": {"EpochLines": "vit_ct.run.progress"}}
 
 
 class _AliasFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Makes an alias module when something (a saved config) first imports it, and imports its classes' modules
     then: not at ``import vit_ct``, which stays free of torch and Lightning. Last on ``sys.meta_path``, so that a real
-    module of the same name (``vit_ct/progress.py``) wins."""
+    module of the same name, should one come back, wins."""
 
     def find_spec(self, fullname, path, target=None):
         return importlib.util.spec_from_loader(fullname, self) if fullname in ALIASES else None
@@ -48,6 +53,60 @@ class _AliasFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             setattr(module, name, getattr(importlib.import_module(home), name))
 
 
+def _moved_names(module_name: str):
+    """The ``__getattr__`` of a module some of whose names moved: each imported from its new module, with a warning."""
+    moved = MOVED[module_name]
+
+    def __getattr__(name: str):
+        if name not in moved:
+            raise AttributeError(f"module {module_name!r} has no attribute {name!r}")
+        warnings.warn(
+            f"{module_name}.{name} moved to {moved[name]}.{name}: import it from there (or name that class_path)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(importlib.import_module(moved[name]), name)
+
+    return __getattr__
+
+
+class _MovedNamesLoader(importlib.abc.Loader):
+    """The module's own loader, then its moved names: installed when the module is first imported, so that ``import
+    vit_ct`` imports nothing more (``vit_ct.progress`` imports rich)."""
+
+    def __init__(self, loader) -> None:
+        self.loader = loader
+
+    def __getattr__(self, name: str):  # get_source, get_code, is_package, ...: the module's own loader answers
+        return getattr(self.loader, name)
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self.loader.exec_module(module)
+        module.__getattr__ = _moved_names(module.__name__)
+
+
+class _MovedNamesFinder(importlib.abc.MetaPathFinder):
+    """First on ``sys.meta_path`` for the modules of :data:`MOVED` only: finds them where Python would and wraps their
+    loader in :class:`_MovedNamesLoader`."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in MOVED:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _MovedNamesLoader(spec.loader)
+        return spec
+
+
 def register_aliases() -> None:
     if not any(isinstance(finder, _AliasFinder) for finder in sys.meta_path):
         sys.meta_path.append(_AliasFinder())
+    if not any(isinstance(finder, _MovedNamesFinder) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _MovedNamesFinder())
+    for name in MOVED:  # already imported (before the finder was there): its names are added now
+        module = sys.modules.get(name)
+        if module is not None and not hasattr(module, "__getattr__"):
+            module.__getattr__ = _moved_names(name)
