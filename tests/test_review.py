@@ -5,6 +5,7 @@ figures, browser and export."""
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -146,7 +147,21 @@ def test_localisation_scores_are_the_metric_per_slice():
         rel = 1e-6 if name == "hd95_mm" else 1e-9  # MONAI's distances are float32
         assert summary.loc["rollout", name] == pytest.approx(expected[name], rel=rel), name
     assert summary.loc["rollout", "slices"] == expected["slices"]
+    assert "hd95_px" not in summary.columns  # every slice has a spacing: no empty column of pixel distances
     assert review.localisation_summary(table.iloc[3:]) is None  # no scored slice: nothing to summarise
+
+    # the same slices without a pixel spacing (.npy, no pixel_spacing_mm column): HD95 in pixels, no empty mm column
+    del batch["pixel_spacing_mm"]
+    with warnings.catch_warnings():  # the once-per-process line that they are scored in pixels (tested elsewhere)
+        warnings.simplefilter("ignore")
+        in_pixels = scores_per_slice(dict.fromkeys(sources, maps), batch, tolerance_mm=2.0)
+    metric = LocalisationMetrics(tolerance_mm=2.0)
+    metric.update(maps, masks, head, known=known)
+    expected = {name: float(value) for name, value in metric.compute().items()}
+    summary = review.localisation_summary(pd.DataFrame({name: v.numpy() for name, v in in_pixels.items()}))
+    assert "hd95_mm" not in summary.columns and np.isnan(summary.loc["floor_head", "hd95_px"])  # floors: no HD95
+    assert summary.loc["rollout", "hd95_px"] == pytest.approx(expected["hd95_px"], rel=1e-6)
+    assert summary.loc["rollout", "pointing"] == pytest.approx(expected["pointing"], rel=1e-9)
 
 
 # --- the model under review -----------------------------------------------------------------------------------------

@@ -8,9 +8,7 @@ import pandas as pd
 import torch
 from torchmetrics.functional.classification import binary_auroc, binary_confusion_matrix, binary_roc
 
-from vit_ct.explain.localisation import (
-    MAP_SOURCES,
-)
+from vit_ct.explain.localisation import MAP_SOURCES
 from vit_ct.metrics.scans import scan_auroc, scan_summary
 from vit_ct.review.table import SCORES, outcome
 
@@ -108,7 +106,8 @@ def sink_summary(table: pd.DataFrame) -> pd.DataFrame:
 
 def localisation_summary(table: pd.DataFrame) -> pd.DataFrame | None:
     """Mean localisation scores per map source over the scored slices, as the model's ``test/{source}_{score}``
-    (``energy_ratio`` = mean energy / mean mask fraction); None when no slice has a lesion mask."""
+    (``energy_ratio`` = mean energy / mean mask fraction); None when no slice has a lesion mask. A score no source has
+    (``hd95_px`` where every scored slice has a pixel spacing, ``hd95_mm`` where none has) is left out."""
     scored = table["rollout_pointing"].notna()
     if not scored.any():
         return None
@@ -117,7 +116,7 @@ def localisation_summary(table: pd.DataFrame) -> pd.DataFrame | None:
         means = {name: table.loc[scored, f"{source}_{name}"].mean() for name in SCORES}
         means["energy_ratio"] = means["energy"] / means["mask_fraction"]
         rows[source] = {**means, "slices": int(scored.sum())}
-    return pd.DataFrame.from_dict(rows, orient="index")
+    return pd.DataFrame.from_dict(rows, orient="index").dropna(axis="columns", how="all")
 
 
 def gallery(table: pd.DataFrame, group: str, n: int | None = 4, *, threshold: float = 0.5) -> pd.DataFrame:
