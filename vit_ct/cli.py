@@ -1,6 +1,6 @@
 """The ``vit-ct`` command (also ``python -m vit_ct``): ``fit``, ``validate``, ``test`` and ``predict`` through a
 LightningCLI (:mod:`vit_ct.run.command`) with W&B tracking and checkpoints, and ``manifest``
-(:mod:`vit_ct.predict.manifest`).
+(:mod:`vit_ct.predict.manifest`: the slices of DICOM folders and NIfTI volumes, or a public dataset by name).
 
 ``vit-ct --help`` and ``vit-ct manifest --help`` answer without importing torch, Lightning or timm (they are imported
 once a subcommand needs them). An error prints its message and where it was raised, and exits 1; ``--debug`` (or

@@ -26,7 +26,8 @@ SUBCOMMANDS = {
     "predict": "Write P(lesion), an attention-rollout map and an overlay for every slice of a manifest, or of whole "
     "scans (--data.init_args.scans), into a new --output_dir.",
     "manifest": "List the CT slices of DICOM folders or NIfTI volumes in a manifest CSV, its label column left for "
-    "you to fill in.",
+    "you to fill in; --dataset NAME ROOT turns a public head-CT set (CQ500, CT-ICH, INSTANCE, BHSD, RSNA) into a "
+    "labelled one.",
 }
 CONFIG_HELP = (
     "YAML config file (configs/*.yaml, or a run's config.yaml), usually given after the subcommand; repeat it to "
@@ -41,6 +42,7 @@ examples:
   vit-ct test --config configs/demo.yaml --ckpt_path runs/latest/checkpoints/last.ckpt
   vit-ct predict --config configs/finetune.yaml --ckpt_path CKPT --data.manifest new.csv --output_dir out
   vit-ct manifest DICOM_DIR --output archive.csv
+  vit-ct manifest --dataset cq500 CQ500/ --output cq500.csv  a public set, labelled, by name
   vit-ct fit --help                                          every option of fit"""
 HELP_FLAGS = ("-h", "--help")
 CONFIG_FLAGS = ("-c", "--config")
