@@ -3,6 +3,7 @@ PYTHONPATH): they make a run stop at a known point, so that a test can signal it
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -50,4 +51,37 @@ class RecordThreads(Callback):
 
         record = {"threads": torch.get_num_threads(), "wait_policy": USER_SET["OMP_WAIT_POLICY"]}
         self.folder.mkdir(parents=True, exist_ok=True)
+        (self.folder / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
+
+
+class RecordLabels(Callback):
+    """At every training batch, appends each slice's ``label``, ``scan_label`` and ``scan`` to ``path`` (JSON lines):
+    what the losses were given; at each training epoch's end, the names of the figures logged so far."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        record = {key: batch[key].tolist() for key in ("label", "scan_label", "scan") if key in batch}
+        with self.path.open("a") as f:
+            f.write(json.dumps({"epoch": trainer.current_epoch, "batch": batch_idx, **record}) + "\n")
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps({"logged": sorted(trainer.callback_metrics)}) + "\n")
+
+
+class RecordScanMemory(Callback):
+    """At the end of training, writes ``folder/rank<r>.json``: the training rows this rank's scan-bag memory holds
+    evidence of, and the validation's scan AUROC."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = Path(folder)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        memory = pl_module.scan_bags.memory
+        rows = [] if memory.evidence is None else memory.evidence[:, 0].isfinite().nonzero().squeeze(1).tolist()
+        scan_auroc = trainer.callback_metrics.get("val/scan_auroc")
+        self.folder.mkdir(parents=True, exist_ok=True)
+        record = {"rows": rows, "scan_auroc": None if scan_auroc is None else float(scan_auroc)}
         (self.folder / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))

@@ -316,13 +316,19 @@ class CTSliceDataModule(SliceDataModule):
 
     def train_dataloader(self) -> DataLoader:
         dataset = self._dataset("train")
+        if self.weighted_sampler and dataset.scans is not None:
+            raise ValueError(
+                f"data.weighted_sampler draws slices by their slice label, which manifest {self.manifest} does not"
+                " have (it gives scan labels): leave weighted_sampler false"
+            )
         if self.weighted_sampler and not self.label_columns:
             labels = dataset.table["label"].to_numpy(dtype=int)
             weights = 1.0 / np.bincount(labels)[labels]
             sampler = WeightedRandomSampler(torch.as_tensor(weights, dtype=torch.double), len(labels))
             return self._loader(dataset, sampler=sampler)  # Lightning shards it under DDP
         # Our own shuffle (also for one process): its order depends on (seed, epoch) only, so resuming is exact.
-        sampler = EpochShuffleSampler(dataset, seed=global_seed(), **self._ranks())
+        # with scan labels, the slices of a scan come together (its bag is pooled within the batch)
+        sampler = EpochShuffleSampler(dataset, seed=global_seed(), groups=dataset.scans, **self._ranks())
         return ResumableDataLoader(
             dataset,
             sampler=sampler,

@@ -59,21 +59,42 @@ class EpochShuffleSampler(DistributedSampler):
     """Training order of one rank, a function of (seed, epoch) only, also with a single process, so a run restarted
     from a mid-epoch checkpoint can skip exactly the samples it already trained on.
 
+    With ``groups`` (each sample's scan, for training from scan labels) the order keeps a scan's slices together:
+    the scans in random order, each one's slices shuffled among themselves, and each rank takes one contiguous share
+    of that order, so a batch holds whole scans (a scan longer than a batch spans consecutive batches).
+
     Args:
         dataset: The training split.
         num_replicas: Processes in the job (world size).
         rank: This process's global rank.
         seed: Shuffle seed, the same on every rank.
+        groups: ``(N,)`` int: each sample's group (scan); None shuffles samples one by one.
     """
 
-    def __init__(self, dataset: Dataset, *, num_replicas: int = 1, rank: int = 0, seed: int = 0) -> None:
+    def __init__(
+        self, dataset: Dataset, *, num_replicas: int = 1, rank: int = 0, seed: int = 0, groups=None
+    ) -> None:
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=False)
+        self.groups = None if groups is None else torch.as_tensor(groups, dtype=torch.int64)
         self.skip = 0  # samples of the next pass to leave out (set when resuming mid-epoch)
 
     def __iter__(self) -> Iterator[int]:
-        indices = list(super().__iter__())
+        indices = list(super().__iter__()) if self.groups is None else self._grouped()
         skip, self.skip = self.skip, 0
         return iter(indices[skip:])
+
+    def _grouped(self) -> list[int]:
+        """This rank's share of the epoch's order by groups (padded as ``DistributedSampler`` pads)."""
+        generator = torch.Generator()
+        generator.manual_seed(self.seed + self.epoch)
+        shuffled = torch.randperm(len(self.groups), generator=generator)  # slices, shuffled within their scan below
+        groups = self.groups[shuffled]
+        place = torch.empty(int(self.groups.max()) + 1, dtype=torch.int64)
+        place[torch.randperm(len(place), generator=generator)] = torch.arange(len(place))  # each scan's turn
+        indices = shuffled[torch.sort(place[groups], stable=True).indices].tolist()
+        padding = self.total_size - len(indices)
+        indices += (indices * math.ceil(padding / len(indices)))[:padding]
+        return indices[self.rank * self.num_samples : (self.rank + 1) * self.num_samples]
 
 
 class ResumableDataLoader(DataLoader):

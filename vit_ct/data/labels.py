@@ -1,6 +1,7 @@
 """What makes a slice positive, defined once: its class is above 0 (0 = no lesion), or one of its multi-label columns
 is 1. Negative when its class is 0, or every label column is 0; unknown otherwise (a missing label, or missing label
-columns and no 1 among the others). The split's strata, the manifest's mask check, the scan-level labels, the W&B
+columns and no 1 among the others). A scan labelled as a whole (``scan_label``, ``scan_<name>``) holds a lesion when
+one of its scan labels is above 0. The split's strata, the manifest's mask check, the scan-level labels, the W&B
 overlays and the review all read this rule."""
 
 from __future__ import annotations
@@ -31,9 +32,28 @@ def lesion_labels(table: pd.DataFrame, label_columns: Sequence[str] | None = Non
     return pd.Series(positive, index=table.index, dtype="boolean").where(known)
 
 
+def scan_lesion_labels(table: pd.DataFrame) -> pd.Series | None:
+    """Per row, whether its scan holds a lesion by the scan labels (True, False, or <NA> where unknown), as a nullable
+    boolean Series; None when the table has no scan labels."""
+    columns = table.attrs.get("scan_labels")
+    if not columns:
+        return None
+    labels = table[list(columns)].to_numpy(dtype=float, na_value=np.nan)
+    positive = (labels > 0).any(axis=1)
+    known = positive | ~np.isnan(labels).any(axis=1)
+    return pd.Series(positive, index=table.index, dtype="boolean").where(known)
+
+
 def lesion_rows(table: pd.DataFrame, label_columns: Sequence[str] | None = None) -> np.ndarray:
     """Rows labelled with a lesion (:func:`lesion_labels`; unlabelled rows are not), as a bool array."""
     return lesion_labels(table, label_columns).fillna(False).to_numpy(dtype=bool)
+
+
+def lesion_scan_rows(table: pd.DataFrame, label_columns: Sequence[str] | None = None) -> np.ndarray:
+    """Rows labelled with a lesion, or of a scan labelled with one (:func:`scan_lesion_labels`), as a bool array."""
+    rows = lesion_rows(table, label_columns)
+    scans = scan_lesion_labels(table)
+    return rows if scans is None else rows | scans.fillna(False).to_numpy(dtype=bool)
 
 
 def lesion_label(label: torch.Tensor) -> torch.Tensor:

@@ -3,8 +3,9 @@ is `vit_ct.data.splits`).
 
 Its files are checked by `vit_ct.data.manifest_files` (re-exported here).
 
-Columns (the README's manifest table): `image`, `label` (or named label columns), `patient_id`, `split`, `mask`,
-`slice`, `pixel_spacing_mm`.
+Columns (the README's manifest table): `image`, `label` (or named label columns; or scan labels, one per scan:
+`scan_label`, `scan_<name>`, see `vit_ct.data.scan_labels`), `patient_id`, `scan`, `split`, `mask`, `slice`,
+`pixel_spacing_mm`.
 Rows are named by their line number in the CSV file (the header is line 1), as a text editor or spreadsheet shows.
 """
 
@@ -20,6 +21,7 @@ import pandas as pd
 
 from vit_ct.data.duplicates import check_duplicate_images
 from vit_ct.data.manifest_files import BadFile, validate_manifest_files, write_bad_files
+from vit_ct.data.scan_labels import SCAN_LABEL, derive_slice_labels, scan_label_column
 from vit_ct.data.splits import SPLITS, assign_splits, check_patient_splits, list_lines
 
 # mm per pixel of slices whose files carry no spacing (.npy); a DICOM's or NIfTI's own header wins
@@ -152,6 +154,8 @@ def read_manifest(
         `pixel_spacing_mm` as float64 (NaN where empty), `manifest_line` (the row's line in the CSV), and any other
         columns untouched as text.
         `df.attrs["label_columns"]` holds the multi-label names (or None) and `df.attrs["manifest"]` the CSV path.
+        With scan labels standing in for a missing slice-label column, `df.attrs["scan_labels"]` names their columns
+        and the slice column holds what they allow (:func:`vit_ct.data.scan_labels.derive_slice_labels`).
 
     Raises:
         ValueError: naming the file and the CSV line numbers, for a missing/empty/unreadable CSV, a missing `image`,
@@ -188,13 +192,16 @@ def read_manifest(
     df["image_ref"] = df["image"]
     df["image"] = _resolve(df["image"], folder)
 
+    scan_pairs = []  # (slice-label column, scan-label column standing in for it)
     if label_columns is None:
         if "label" in df.columns:
             df["label"] = _integers(
                 df, "label", path, allowed="integers >= 0", valid=lambda v: v >= 0, required=require_labels
             )
+        elif SCAN_LABEL in df.columns:
+            scan_pairs.append(("label", SCAN_LABEL))
         elif require_labels:
-            need("label", "(integer class, 0 = no lesion; or pass label_columns for multi-label data)")
+            need("label", "(integer class, 0 = no lesion; scan_label, one per scan; or label_columns for multi-label)")
         else:
             df["label"] = pd.array([pd.NA] * len(df), dtype="Int64")
     else:
@@ -202,7 +209,10 @@ def read_manifest(
         if not label_columns:
             raise ValueError("label_columns is empty; give the names of the 0/1 label columns, or None")
         for column in label_columns:
-            need(column, "(named in label_columns)")
+            if column not in df.columns and scan_label_column(column) in df.columns:
+                scan_pairs.append((column, scan_label_column(column)))
+                continue
+            need(column, f"(named in label_columns; or {scan_label_column(column)}, one label per scan)")
             df[column] = _integers(
                 df, column, path, allowed="0 or 1", valid=lambda v: v in (0, 1), required=require_labels
             )
@@ -225,6 +235,14 @@ def read_manifest(
                 f" bad on lines {list_lines(unknown)}"
             )
         check_patient_splits(df, f"manifest {path}")
+    if scan_pairs:
+
+        def parse(column: str) -> pd.Series:
+            if column == SCAN_LABEL:  # a class, as `label`
+                return _integers(df, column, path, allowed="integers >= 0", valid=lambda v: v >= 0, required=True)
+            return _integers(df, column, path, allowed="0 or 1", valid=lambda v: v in (0, 1), required=True)
+
+        df.attrs["scan_labels"] = derive_slice_labels(df, scan_pairs, path, parse=parse)
     df.attrs["label_columns"] = label_columns
     df.attrs["manifest"] = str(path)
     return df

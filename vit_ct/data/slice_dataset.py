@@ -5,7 +5,7 @@ read from the files, from memory, or from the disk cache.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 import pandas as pd
@@ -16,6 +16,7 @@ from vit_ct.data.distributed import decode_index
 from vit_ct.data.manifest import SPACING_COLUMN, manifest_frame
 from vit_ct.data.model_input import apply_windows, grid_hu, grid_mask, model_grid_spacing
 from vit_ct.data.reader import load_ct_slice, load_mask, read_pixel_spacing
+from vit_ct.data.scan_labels import scan_ids, scan_labels_tensor
 from vit_ct.data.slice_cache import SliceCache
 from vit_ct.progress import track
 
@@ -39,6 +40,9 @@ class CTBatch(TypedDict):
     valid: torch.Tensor  # (B,) bool: False on a repeat that pads a DDP shard (metrics skip it)
     source_shape: torch.Tensor  # (B, 2) rows, columns of the source slice
     pixel_spacing_mm: torch.Tensor  # (B,) mm per model-grid pixel; NaN where neither the file nor the manifest gives it
+    # only where the manifest has scan labels (vit_ct.data.scan_labels):
+    scan_label: NotRequired[torch.Tensor]  # (B,) int64, or (B, L) 0/1; -1 where unknown: the label of the slice's scan
+    scan: NotRequired[torch.Tensor]  # (B,) int64: the slice's scan, numbered within its split
 
 
 def slice_item(
@@ -120,6 +124,9 @@ class CTSliceDataset(Dataset):
         self.img_size = img_size
         self.label_columns = list(label_columns) if label_columns else None
         self.labels = table_labels(self.table, self.label_columns)
+        # scan labels (multiple-instance learning, vit_ct.data.scan_labels): each row's scan label and scan number
+        self.scan_labels = scan_labels_tensor(self.table)
+        self.scans = None if self.scan_labels is None else torch.from_numpy(scan_ids(self.table))
         self.store = None if cache else store  # batches straight from the disk cache
         self._source = store if cache else None  # what the in-memory cache is filled from
         # Workers index these arrays, never the table: its Python objects would be copied into every worker's memory.
@@ -210,7 +217,7 @@ class CTSliceDataset(Dataset):
         places = torch.tensor([self._cache[row] for row in rows])
         batch = {key: block[places] for key, block in self._held.items()}
         rows = torch.tensor(rows)
-        batch.update(label=self.labels[rows], index=rows, valid=torch.tensor(valid))
+        batch.update(label=self.labels[rows], index=rows, valid=torch.tensor(valid), **self._scan_items(rows))
         return CachedBatch(batch if self.hu_items else apply_windows(batch, self.windows))
 
     def _stored_items(self, sampled: Sequence[int]) -> CachedBatch:
@@ -219,6 +226,7 @@ class CTSliceDataset(Dataset):
         rows = np.array(rows)
         batch = self.store.batch(self.slots[rows])
         batch.update(label=self.labels[rows], index=torch.from_numpy(rows), valid=torch.tensor(valid))
+        batch.update(self._scan_items(torch.from_numpy(rows)))
         self._fill_spacing(batch, rows)
         return CachedBatch(batch)
 
@@ -242,7 +250,14 @@ class CTSliceDataset(Dataset):
         if self._source is not None:
             return self._held_items([index])[0]
         index, valid = decode_index(index)  # a DDP padding repeat arrives as -1 - index (vit_ct.data.distributed)
-        return dict(self.load(index), valid=torch.tensor(valid))
+        return dict(self.load(index), valid=torch.tensor(valid), **self._scan_items(index))
+
+    def _scan_items(self, rows: torch.Tensor | int) -> dict[str, torch.Tensor]:
+        """``scan_label`` and ``scan`` (the scan's number in this split) of ``rows``, where the table has scan
+        labels; nothing otherwise."""
+        if self.scan_labels is None:
+            return {}
+        return {"scan_label": self.scan_labels[rows], "scan": self.scans[rows]}
 
     def __getitems__(self, indices: Sequence[int]) -> Sequence[CTBatch]:
         """What a DataLoader fetches per batch (it collates these items): from the disk cache, one gather per batch

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from vit_ct.data.labels import lesion_rows
+from vit_ct.data.labels import lesion_scan_rows
 
 SPLITS = ("train", "val", "test")
 SPLIT_FRACTIONS = (0.7, 0.15, 0.15)  # train / val / test shares of the patients when a manifest names no split
@@ -131,7 +131,7 @@ def assign_splits(
     fill = keys.map(known)
     out["split"] = out["split"].where(out["split"].notna(), fill)
 
-    positive = pd.Series(lesion_rows(out, label_columns or df.attrs.get("label_columns")), index=out.index)
+    positive = pd.Series(lesion_scan_rows(out, label_columns or df.attrs.get("label_columns")), index=out.index)
     group_positive = positive.groupby(keys).any()
     group_size = keys.value_counts()
     open_groups = sorted(set(keys[out["split"].isna()]))

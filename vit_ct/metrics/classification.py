@@ -101,6 +101,9 @@ class DefinedBinaryAUROC(BinaryAUROC):
     """torchmetrics' binary AUROC, NaN (not 0) when the targets hold one class."""
 
     def compute(self) -> torch.Tensor:
+        if not len(self.target):  # nothing scored (e.g. a split labelled by scan, its slices unlabelled)
+            _warn_undefined_once()
+            return torch.tensor(float("nan"), device=self.device)
         target = dim_zero_cat(self.target)
         if 0 < int(target.sum()) < target.numel():
             return super().compute()

@@ -9,6 +9,7 @@ groups and schedule :mod:`vit_ct.model.optim`.
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 from typing import Literal
 
 import lightning as L
@@ -28,6 +29,7 @@ from vit_ct.model.hparams import check_hparams, predated_hparams
 from vit_ct.model.losses import Losses, PatchLosses, classification_loss
 from vit_ct.model.network import AirSkippingViT
 from vit_ct.model.optim import param_groups, warmup_cosine_schedule
+from vit_ct.model.scan_bags import ScanBags
 from vit_ct.model.stem import ConvStemPatchEmbed
 from vit_ct.model.weights import choose_stem, load_start, pretrained_architecture, read_start
 
@@ -213,6 +215,8 @@ class ViTClassifier(L.LightningModule):
             attention_weight=h.attention_loss_weight, attention_target=h.attention_target,
             evidence_attention=h.evidence_attention,
         )  # fmt: skip
+        self.scan_bags = ScanBags(self.task, h.patch_size, self.num_prefix, sharpness=h.mil_sharpness,
+                                  mil_weight=h.mil_loss_weight if self.patch_head is not None else 0.0)  # fmt: skip
         self.label_smoothing = float(h.label_smoothing)
         weights = h.class_weights
         self.register_buffer("class_weights", torch.tensor(weights, dtype=torch.float32) if weights else None)
@@ -295,16 +299,23 @@ class ViTClassifier(L.LightningModule):
         else:
             attentions, tokens = None, self.vit.forward_features(image)
         logits = self.vit.forward_head(tokens).float()
-        loss = classification_loss(
+        cls = classification_loss(
             logits, label, self.task, class_weights=self.class_weights, label_smoothing=self.label_smoothing
         )
-        parts = {"cls_loss": loss.detach()}
         patch_logits = None if self.patch_head is None else self.patch_head(tokens[:, self.num_prefix :]).squeeze(-1)
-        for name, weight, part in self.patch_losses(batch, patch_logits, attentions):
+        terms = [("cls_loss", 1.0, cls), *self.patch_losses(batch, patch_logits, attentions)]
+        if "scan_label" in batch:  # scan labels: the scan is the bag (vit_ct.model.scan_bags)
+            ddp = self.training and self._trainer is not None and self._trainer.world_size > 1
+            terms += self.scan_bags(batch, logits, patch_logits, remember=self.training, gather=ddp and self.all_gather)
+        loss, parts = logits.sum() * 0.0, {}  # in the graph even where a batch scores nothing
+        for name, weight, part in terms:
             if part is not None:
                 parts[name] = part.detach()
                 loss = loss + weight * part
         return Losses(loss, logits, parts)
+
+    def on_fit_start(self) -> None:
+        self.scan_bags.memory.reset()  # rows of another fit's training split are not this one's
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         loss, _, parts = self.losses(batch)
@@ -337,7 +348,9 @@ class ViTClassifier(L.LightningModule):
         explained = self._explained(lambda: self.losses(batch), batch["image"].shape)
         loss, logits, _ = explained.output
         probs = self.probabilities(logits)
-        self.metrics[stage].update(probs, label)
+        known = (label >= 0).view(len(label), -1).all(dim=1)  # not a slice of a scan with a lesion (no slice label)
+        if known.any():  # (torchmetrics cannot take an empty batch)
+            self.metrics[stage].update(probs[known], label[known])
         self.log(f"{stage}/loss", loss, prog_bar=stage == "val", sync_dist=True, batch_size=len(label))
         self.log_dict(self.metrics[stage], prog_bar=stage == "val")
         self.map_metrics[stage].update(
@@ -347,13 +360,9 @@ class ViTClassifier(L.LightningModule):
         return {"loss": loss, "prob": probs.detach(), "index": batch["index"]}
 
     def _explained(self, forward, image_shape) -> Explained:
-        return explain_forward(
-            self,
-            forward,
-            image_shape,
-            head_fusion=self.hparams.rollout_head_fusion,
-            discard_ratio=self.hparams.rollout_discard_ratio,
-        )
+        h = self.hparams
+        return explain_forward(self, forward, image_shape, head_fusion=h.rollout_head_fusion,
+                               discard_ratio=h.rollout_discard_ratio)  # fmt: skip
 
     def explain(self, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits and attention rollout ``(B, grid_h, grid_w)`` of a batch from one forward pass (:meth:`explained`)."""
@@ -377,17 +386,12 @@ class ViTClassifier(L.LightningModule):
         return out
 
     def configure_optimizers(self):
-        groups = self.param_groups()
-        if self.optimizer_factory is not None:
-            optimizer = self.optimizer_factory(groups)
-        else:
-            optimizer = torch.optim.AdamW(groups, lr=self.hparams.lr)
+        """AdamW with a per-step warm-up + cosine schedule, unless ``optimizer`` / ``scheduler`` replace them."""
+        optimizer = (self.optimizer_factory or partial(torch.optim.AdamW, lr=self.hparams.lr))(self.param_groups())
         if self.scheduler_factory is not None:
             return {"optimizer": optimizer, "lr_scheduler": self.scheduler_factory(optimizer)}
-        return {
-            "optimizer": optimizer,
-            "lr_scheduler": warmup_cosine_schedule(optimizer, self.trainer, self.hparams.warmup_epochs),
-        }
+        schedule = warmup_cosine_schedule(optimizer, self.trainer, self.hparams.warmup_epochs)
+        return {"optimizer": optimizer, "lr_scheduler": schedule}
 
     def param_groups(self) -> list[dict]:
         """The optimiser's parameter groups (:func:`vit_ct.model.optim.param_groups`), the patch head's included."""

@@ -36,11 +36,18 @@ def classification_loss(
     label_smoothing: float = 0.0,
 ) -> torch.Tensor:
     """Cross-entropy over classes (``binary``, ``multiclass``: ``class_weights`` per class) or binary cross-entropy
-    per label (``multilabel``: ``class_weights`` are per-label positive weights), in float32."""
+    per label (``multilabel``: ``class_weights`` are per-label positive weights), in float32, over the known labels
+    (-1: unknown, e.g. a slice of a scan labelled with a lesion); None when none is known."""
     logits = logits.float()
+    known = label >= 0
+    if not known.any():
+        return None
     if task == "multilabel":
-        return F.binary_cross_entropy_with_logits(logits, label.float(), pos_weight=class_weights)
-    return F.cross_entropy(logits, label, weight=class_weights, label_smoothing=label_smoothing)
+        if known.all():
+            return F.binary_cross_entropy_with_logits(logits, label.float(), pos_weight=class_weights)
+        losses = F.binary_cross_entropy_with_logits(logits, label.float(), pos_weight=class_weights, reduction="none")
+        return losses[known].mean()
+    return F.cross_entropy(logits[known], label[known], weight=class_weights, label_smoothing=label_smoothing)
 
 
 def patch_loss(

@@ -32,6 +32,7 @@ from vit_ct.files import atomic_write, remove_leftovers
 from vit_ct.run.compat import load_pending_loader_states, save_last_checkpoint, saves_on_train_epoch_end
 
 WANDB_RUN_ID = "wandb_run_id"  # top-level checkpoint key
+SLICE_MONITOR, SCAN_MONITOR = "val/auroc", "val/scan_auroc"  # the default monitor, and its stand-in on scan labels
 
 
 class CheckpointDiskFullError(OSError):
@@ -241,7 +242,21 @@ class BestAndLastCheckpoint(ModelCheckpoint):
 
     def _save_monitor_checkpoint(self, trainer: Trainer, monitor_candidates: dict[str, torch.Tensor]) -> None:
         current = monitor_candidates.get(self.monitor)
-        if current is not None and torch.isnan(torch.as_tensor(current)).item():
+        scans = monitor_candidates.get(SCAN_MONITOR)
+        # scan labels: slice AUROC undefined, and no best chosen on it yet
+        if (
+            self.monitor == SLICE_MONITOR
+            and _nan(current)
+            and scans is not None
+            and not _nan(scans)
+            and not self.best_model_path
+        ):
+            rank_zero_warn(
+                f"{SLICE_MONITOR} is NaN (a validation split labelled by scan has no slice labels of lesions): the best"
+                f" checkpoint is chosen on {SCAN_MONITOR}"
+            )
+            self.monitor, current = SCAN_MONITOR, scans
+        if current is not None and _nan(current):
             if not self._warned_nan:
                 rank_zero_warn(
                     f"{self.monitor} is NaN (undefined on this validation): no best checkpoint is chosen on it;"
@@ -264,3 +279,7 @@ class BestAndLastCheckpoint(ModelCheckpoint):
     def _refresh_last(self, trainer: Trainer) -> None:
         if self.save_last:
             save_last_checkpoint(self, trainer)
+
+
+def _nan(value) -> bool:
+    return value is not None and bool(torch.isnan(torch.as_tensor(value).float()).item())

@@ -1,6 +1,6 @@
 """Scan-level AUROC during validation and test (:mod:`vit_ct.metrics.scans`): a scan's probability is the maximum over
-its slices, and a scan is positive when any of its slices is. A callback: it needs the split's table to group the
-slices of a batch into scans."""
+its slices, and a scan is positive when its scan label says so or, without scan labels, when any of its slices is. A
+callback: it needs the split's table to group the slices of a batch into scans."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pandas as pd
 import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
 
-from vit_ct.data.labels import lesion_labels
+from vit_ct.data.labels import lesion_labels, scan_lesion_labels
 from vit_ct.metrics.scans import lesion_scores, scan_auroc, scan_column, scan_summary
 
 
@@ -53,7 +53,7 @@ class ScanAUROC(Callback):
                 "order": index,
                 "image": rows["image_ref"].to_numpy(),
                 "p_lesion": probs,
-                "positive": lesion_labels(rows, table.attrs.get("label_columns")).to_numpy(),
+                "positive": _lesion(table).iloc[index].to_numpy(),
             }
         )
         auroc = scan_auroc(scan_summary(slices, key))
@@ -65,3 +65,10 @@ class ScanAUROC(Callback):
 
     def on_test_epoch_end(self, trainer, pl_module) -> None:
         self._end(trainer, pl_module, "test")
+
+
+def _lesion(table: pd.DataFrame) -> pd.Series:
+    """Each row's lesion label for its scan's: the scan label where the manifest gives scan labels, else the slice's
+    (a scan then holds a lesion when one of its slices does)."""
+    scans = scan_lesion_labels(table)
+    return lesion_labels(table, table.attrs.get("label_columns")) if scans is None else scans
