@@ -134,6 +134,10 @@ def test_tiny_run_trains_every_kind_of_row_and_writes_its_table(sd, tmp_path):
     assert "| ResNet-18, scratch | 128 |" in out.read_text()
     labels_only = pd.read_csv(tmp_path / "heldout" / "manifest_labels_only.csv")
     assert "mask" not in labels_only and len(labels_only) == len(manifest)  # what the labels-only rows train on
+    scans = pd.read_csv(tmp_path / "heldout" / "manifest_scan_labels_only.csv")  # what the scan-label rows train on
+    assert not {"mask", "label"} & set(scans) and len(scans) == len(manifest)
+    assert scans["scan_label"].tolist() == manifest.groupby("patient_id")["label"].transform("max").tolist()
+    assert 0.0 <= rows["ViT, fine-tuned"]["scan_auroc"] <= 1.0
     ceiling = rows["ceiling: perfect patch map"]
     assert ceiling["dice"] >= rows["floor: windowed image"]["dice"] and ceiling["pointing"] >= 0.5
     assert {f"pointing_q{q}" for q in range(1, 5)} <= set(rows["ViT, fine-tuned"])
