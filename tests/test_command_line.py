@@ -194,8 +194,12 @@ def test_shipped_weights_are_named_as_such_and_a_none_that_changes_nothing_is_no
     ]
 
 
-def test_test_and_validate_print_their_figures_once(tmp_path, capsys):
-    """Lightning's ~50-row table is off (``--verbose true`` brings it back); vit-ct lists the figures once."""
+def test_test_and_validate_print_their_figures_once(tmp_path, capsys, monkeypatch):
+    """Lightning's ~50-row table is off (``--verbose true`` brings it back); vit-ct lists the figures once. Without a
+    logger there is no run folder: the working folder's own config.yaml is left as it is."""
+    monkeypatch.chdir(tmp_path)
+    users = tmp_path / "config.yaml"
+    users.write_text("# the user's own\n")
     manifest = write_npy_manifest(tmp_path / "data", train=2, val=2)
     checkpoint = tmp_path / "model.ckpt"
     trainer = L.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
@@ -206,6 +210,7 @@ def test_test_and_validate_print_their_figures_once(tmp_path, capsys):
         out = capsys.readouterr().out
         assert len(re.findall(rf"^{stage} +auroc ", out, flags=re.MULTILINE)) == 1, out
         assert "metric" not in out and "DataLoader 0" not in out, out
+        assert users.read_text() == "# the user's own\n"
 
 
 def test_the_figures_of_a_stage_are_listed_once_in_a_table_of_maps():

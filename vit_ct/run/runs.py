@@ -83,8 +83,8 @@ class LoggedConfigCallback(SaveConfigCallback):
     created: Path | None = None  # the run folder, when this callback made it
 
     def save_config(self, trainer: Trainer, pl_module, stage: str) -> None:
-        if stage == "predict" and trainer.logger is None:  # no run folder: the outputs are in --output_dir
-            return
+        if stage != "fit" and trainer.logger is None:  # no run folder (predict: the outputs are in --output_dir);
+            return  # the working folder is not one: its own config.yaml (perhaps the --config) is the user's
         folder = run_dir(trainer)
         self.created = None if folder.exists() else folder
         folder.mkdir(parents=True, exist_ok=True)
