@@ -152,6 +152,9 @@ def own_handlers(monkeypatch):
     monkeypatch.setenv(LEADER_PID, "")
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    # as in a terminal: a background job of a script (pytest started with `&`) starts with SIGINT ignored, which
+    # vit-ct keeps ignored (test_a_sigint_ignored_at_start_up_stays_ignored)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     stop_on_signals()
     yield
     for signum, handler in saved.items():
@@ -225,3 +228,9 @@ def test_a_rank_started_by_a_vit_ct_leader_passes_its_signals_to_the_leader_at_o
         for pid in (worker, rank.pid):
             os.kill(pid, signal.SIGKILL)
         rank.wait()
+
+
+def test_a_sigint_ignored_at_start_up_stays_ignored(own_handlers):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a shell starts a background job
+    stop_on_signals()
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN and signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
