@@ -18,6 +18,7 @@ import torch
 from conftest import TINY_MODEL_ARGS
 from npy_manifest import manifest_args, write_npy_manifest
 
+from vit_ct.data.datamodule import CTSliceDataModule
 from vit_ct.data.distributed import EpochShuffleSampler
 from vit_ct.data.manifest import read_manifest
 from vit_ct.data.slice_dataset import CTSliceDataset
@@ -60,6 +61,21 @@ def test_the_rows_of_a_scan_must_agree_and_scans_must_be_named(tmp_path):
     bare.write_text("image,scan_label\nx.npy,1\n")
     with pytest.raises(ValueError, match="need each row's scan: a 'scan' column"):
         read_manifest(bare)
+
+
+@pytest.mark.parametrize("cache", [False, "memory", "disk"])
+def test_every_cache_gives_a_batch_its_scan_labels_and_keeps_scans_together(tmp_path, cache):
+    manifest = _scan_labelled(tmp_path, train=12, val=6)
+    data = CTSliceDataModule(str(manifest), cache=cache, cache_dir=str(tmp_path / "cache"), img_size=32,
+                             windows=["brain"], batch_size=6, num_workers=0, augment=False)  # fmt: skip
+    data.setup("fit")
+    table = data.split_table("train")
+    for batch in data.train_dataloader():
+        rows = table.iloc[batch["index"].numpy()]
+        assert batch["scan_label"].tolist() == rows["scan_label"].tolist()
+        assert batch["label"].tolist() == [0 if s == 0 else -1 for s in rows["scan_label"]]
+        assert len(set(rows["scan"])) == 2  # two whole 3-slice scans per batch of 6
+        assert len(set(batch["scan"].tolist())) == 2
 
 
 def test_multilabel_scan_columns_stand_in_for_missing_label_columns(tmp_path):
