@@ -42,7 +42,7 @@ class MemoryProbe(Callback):
     def __init__(self, path: str) -> None:
         self.path = Path(path)
         self.largest_batch = self.most_of_one_scan = self.batches = 0
-        self.batches_of_scan: dict[int, set[int]] = {}  # scan -> the training steps that held some of its slices
+        self.batches_of_scan: dict[tuple[int, int], set[int]] = {}  # (epoch, scan) -> the steps holding its slices
 
     def on_train_start(self, trainer, pl_module) -> None:
         import resource
@@ -58,20 +58,21 @@ class MemoryProbe(Callback):
         ids, counts = np.unique(scans.cpu().numpy(), return_counts=True)
         self.most_of_one_scan = max(self.most_of_one_scan, int(counts.max()))
         for scan in ids.tolist():
-            self.batches_of_scan.setdefault(scan, set()).add(trainer.global_step)
+            self.batches_of_scan.setdefault((trainer.current_epoch, scan), set()).add(trainer.global_step)
 
     def on_train_end(self, trainer, pl_module) -> None:
         import resource
 
         memory = pl_module.scan_bags.memory
         held = [t for t in (memory.evidence, memory.scans) if t is not None]
+        cut = {scan for (_, scan), steps in self.batches_of_scan.items() if len(steps) > 1}  # in some epoch
         record = {
             "peak_before_training_kib": self.peak_before_kib,
             "peak_after_training_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
             "training_rows": len(trainer.train_dataloader.dataset),
             "batches": self.batches, "largest_batch": self.largest_batch, "most_of_one_scan": self.most_of_one_scan,
-            "scans_trained": len(self.batches_of_scan),
-            "scans_cut_across_batches": sum(len(steps) > 1 for steps in self.batches_of_scan.values()),
+            "scans_trained": len({scan for _, scan in self.batches_of_scan}),
+            "scans_cut_across_batches": len(cut),
             "scan_memory_rows": 0 if memory.evidence is None else len(memory.evidence),
             "scan_memory_columns": 0 if memory.evidence is None else memory.evidence.shape[1],
             "scan_memory_bytes": sum(t.element_size() * t.nelement() for t in held),
