@@ -20,7 +20,7 @@ import re
 import shlex
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import lightning as L
@@ -87,6 +87,10 @@ HELDOUT_FAR = PhantomConfig(
 )
 HELDOUT_FAR_SEED = 20_261_201
 HELDOUT_FAMILIES = {"near": (HELDOUT, HELDOUT_SEED), "far": (HELDOUT_FAR, HELDOUT_FAR_SEED)}
+# --as-scans: a family drawn as a report labels scans: half the patients bleed, on each of their slices with chance
+# 0.35 (a positive scan holds slices without blood too), the other half on none; its own seeds
+AS_SCANS = {"patient_bleed_fraction": 0.5, "bleed_fraction": 0.35}
+AS_SCANS_SEED_OFFSET = 7
 
 
 @dataclass(frozen=True)
@@ -417,7 +421,13 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> str:
         "--rows", nargs="+", default=["resnet18", "vit", "vit-masks", "vit-pre", "vit-ft", "vit-ft-masks", "vit-ft-256"]
     )
     parser.add_argument("--family", choices=sorted(HELDOUT_FAMILIES), default="near", help="HELDOUT or HELDOUT_FAR")
-    parser.add_argument("--root", type=Path, help="where the held-out set is built (default data/heldout[-far])")
+    parser.add_argument(
+        "--as-scans", action="store_true",
+        help="draw the family as scans are labelled (AS_SCANS: half the patients bleed, the others on no slice)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--root", type=Path, help="where the held-out set is built (default data/heldout[-far][-scans])"
+    )
     parser.add_argument("--patients", type=int, default=120, help="patients of the held-out set (60%% train)")
     parser.add_argument("--slices-per-patient", type=int, default=6)
     parser.add_argument("--epochs", type=int, default=30)
@@ -441,12 +451,17 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> str:
     command = shlex.join(["python", "benchmarks/small_data.py", *(sys.argv[1:] if argv is None else argv)])
     start = time.perf_counter()
 
+    phantom, family_seed = HELDOUT_FAMILIES[args.family]
+    family = args.family + ("_scans" if args.as_scans else "")
+    if args.as_scans:
+        phantom, family_seed = replace(phantom, **AS_SCANS), family_seed + AS_SCANS_SEED_OFFSET
     manifest = build_synthetic_dataset(
-        args.root or Path("data/heldout" if args.family == "near" else "data/heldout-far"),
+        args.root
+        or Path("data/heldout" + ("" if args.family == "near" else "-far") + ("-scans" if args.as_scans else "")),
         n_patients=args.patients,
         slices_per_patient=args.slices_per_patient,
-        seed=HELDOUT_FAMILIES[args.family][1],
-        config=HELDOUT_FAMILIES[args.family][0],
+        seed=family_seed,
+        config=phantom,
         split_fractions=(0.6, 0.1, 0.3),
     )
     table = pd.read_csv(manifest)
@@ -559,9 +574,9 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> str:
         )
     if records is not None:
         results_table, figures = record_of(results)
-        notes = {"family": args.family, "set": described, "epochs": args.epochs, "seeds": args.seeds,
+        notes = {"family": family, "set": described, "epochs": args.epochs, "seeds": args.seeds,
                  "rules": rules, "lesion_slices": int(lesion.sum()), "threads": torch.get_num_threads()}  # fmt: skip
-        write_record(f"small_data_{args.family}", figures, command=command, tables={"small_data": results_table},
+        write_record(f"small_data_{family}", figures, command=command, tables={"small_data": results_table},
                      seconds=seconds, notes=notes, folder=records)  # fmt: skip
     return report
 

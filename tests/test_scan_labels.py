@@ -95,6 +95,22 @@ def test_the_split_keeps_scans_with_a_lesion_in_every_split(tmp_path):
         assert set(table.loc[table["split"] == split, "scan_label"]) == {0, 1}, split
 
 
+def test_a_set_drawn_as_scans_has_patients_without_any_bleed_and_older_sets_keep_their_description():
+    from dataclasses import replace
+
+    from vit_ct.sim.phantom import PhantomConfig
+    from vit_ct.sim.synthetic import generator_description, simulate_patient
+
+    config = replace(PhantomConfig(size=64, pixel_spacing_mm=3.6), patient_bleed_fraction=0.5, bleed_fraction=0.5)
+    patients = [[s.label for s in simulate_patient(1, i, 6, config)] for i in range(16)]
+    clean = [labels for labels in patients if not any(labels)]
+    assert 3 <= len(clean) <= 13 and len(clean) < len(patients)  # about half bleed at all; the rest on no slice
+    assert any(0 < sum(labels) < 6 for labels in patients)  # a bleeding patient's scan holds clean slices too
+    assert "patient_bleed_fraction" not in generator_description(1, 1, 0, PhantomConfig(), (1, 0, 0))["config"]
+    with pytest.raises(ValueError, match="patient_bleed_fraction"):
+        PhantomConfig(patient_bleed_fraction=1.5)
+
+
 def test_bags_pool_by_the_log_sum_exp_mean_as_computed_by_hand():
     evidence = torch.tensor([[2.0], [-1.0], [0.5], [3.0], [-4.0]])
     bags = torch.tensor([7, 7, 3, 7, 3])
@@ -157,6 +173,34 @@ def test_unknown_labels_leave_the_slice_loss_and_an_all_known_batch_is_unchanged
     assert classification_loss(logits, torch.tensor([-1, -1, -1]), "binary") is None
     full = torch.tensor([0, 1, 1])
     assert torch.equal(classification_loss(logits, full, "binary"), torch.nn.functional.cross_entropy(logits, full))
+
+
+@pytest.mark.parametrize("task", ["binary", "multilabel"])
+def test_slice_metrics_leave_unknown_labels_out_and_take_a_batch_of_only_unknown_ones(task):
+    from sklearn.metrics import roc_auc_score
+
+    from vit_ct.metrics.classification import classification_metrics
+
+    rng = np.random.default_rng(0)
+    probs = torch.from_numpy(rng.random((40, 2) if task == "multilabel" else 40)).float()
+    labels = torch.from_numpy(rng.integers(-1, 2, probs.shape))
+    metrics = classification_metrics(task, 2, "val/")
+    metrics.update(probs[:20], labels[:20])
+    metrics.update(probs[20:24], torch.full_like(labels[20:24], -1))  # a batch of a positive scan's slices only
+    metrics.update(probs[24:], labels[24:])
+    labels[20:24] = -1
+    values = metrics.compute()
+    if task == "binary":
+        known = labels >= 0
+        assert values["val/auroc"].item() == pytest.approx(roc_auc_score(labels[known], probs[known]), rel=1e-6)
+        assert values["val/accuracy"].item() == pytest.approx(
+            ((probs[known] > 0.5).long() == labels[known]).float().mean().item()
+        )
+    else:
+        for column in range(2):
+            known = labels[:, column] >= 0
+            expected = roc_auc_score(labels[known, column], probs[known, column])
+            assert values[f"val/auroc_{column}"].item() == pytest.approx(expected, rel=1e-6)
 
 
 def test_the_training_order_keeps_each_scan_together_and_deals_every_slice_once():

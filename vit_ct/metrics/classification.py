@@ -25,6 +25,7 @@ from torchmetrics.classification import (
 from torchmetrics.utilities import dim_zero_cat
 
 Task = Literal["binary", "multiclass", "multilabel"]
+UNKNOWN = -1  # the label of a slice whose label is not known (vit_ct.data.slice_dataset.table_labels)
 
 
 def classification_metrics(
@@ -49,14 +50,17 @@ def classification_metrics(
         class_names: Label names for the per-label keys; default ``0``, ``1``, ...
         label_weights: Multi-label: one weight per label for the weighted log loss; None: no such metric.
     """
+    # -1: a label not known (a slice of a scan labelled with a lesion): left out of every figure. Each rank still
+    # updates every metric with every batch, so that the states DDP gathers exist on all of them.
+    unknown = {"ignore_index": UNKNOWN}
     if task == "binary":
-        kwargs, auroc = {"task": "binary"}, DefinedBinaryAUROC()
+        kwargs, auroc = {"task": "binary", **unknown}, DefinedBinaryAUROC(**unknown)
     elif task == "multiclass":
-        kwargs = {"task": "multiclass", "num_classes": num_classes, "average": "macro"}
-        auroc = DefinedMulticlassAUROC(num_classes=num_classes)
+        kwargs = {"task": "multiclass", "num_classes": num_classes, "average": "macro", **unknown}
+        auroc = DefinedMulticlassAUROC(num_classes=num_classes, **unknown)
     else:
-        kwargs = {"task": "multilabel", "num_labels": num_classes, "average": "macro"}
-        auroc = DefinedMultilabelAUROC(num_labels=num_classes)
+        kwargs = {"task": "multilabel", "num_labels": num_classes, "average": "macro", **unknown}
+        auroc = DefinedMultilabelAUROC(num_labels=num_classes, **unknown)
     metrics = {
         "auroc": auroc,
         "accuracy": Accuracy(**kwargs),
@@ -67,7 +71,7 @@ def classification_metrics(
     }
     if task == "multilabel":
         names = [str(name) for name in class_names or range(num_classes)]
-        metrics.update({f"auroc_{name}": LabelAUROC(i) for i, name in enumerate(names)})
+        metrics.update({f"auroc_{name}": LabelAUROC(i, **unknown) for i, name in enumerate(names)})
         if label_weights is not None:
             metrics["weighted_log_loss"] = WeightedLogLoss(list(label_weights))
     return MetricCollection(metrics, prefix=prefix)
@@ -89,7 +93,7 @@ def _warn_undefined_once() -> None:
         _warned["undefined"] = True
 
 
-def _macro_over_defined(per_class: torch.Tensor, positives: torch.Tensor, count: int) -> torch.Tensor:
+def _macro_over_defined(per_class: torch.Tensor, positives: torch.Tensor, count: int | torch.Tensor) -> torch.Tensor:
     """Mean of the per-class AUROCs whose class has both positives and negatives; NaN (warned once) when none has."""
     defined = (positives > 0) & (positives < count)
     if not defined.all():
@@ -137,8 +141,8 @@ class DefinedMultilabelAUROC(_PerClassAUROC, MultilabelAUROC):
     """torchmetrics' macro AUROC over the labels with both outcomes; NaN when there is none."""
 
     def compute(self) -> torch.Tensor:
-        target = dim_zero_cat(self.target)
-        return _macro_over_defined(self._per_class(), (target == 1).sum(0), target.shape[0])
+        target = dim_zero_cat(self.target)  # -1 where unknown (ignore_index): counted as neither outcome
+        return _macro_over_defined(self._per_class(), (target == 1).sum(0), (target >= 0).sum(0))
 
 
 class LabelAUROC(DefinedBinaryAUROC):
@@ -184,8 +188,9 @@ class WeightedLogLoss(Metric):
 
     def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
         """``preds``: probabilities ``(B, L)``; ``target``: 0/1 ``(B, L)``."""
-        p = preds.double().clamp(self.eps, 1 - self.eps)  # float64: 1 - 1e-15 is 1.0 in float32
-        y = target.double()
+        known = (target >= 0).all(dim=1)  # slices with every label known
+        p = preds[known].double().clamp(self.eps, 1 - self.eps)  # float64: 1 - 1e-15 is 1.0 in float32
+        y = target[known].double()
         bce = -(y * p.log() + (1 - y) * (1 - p).log())  # (B, L)
         self.total += (bce * self.weights.double()).sum()
         self.count += bce.shape[0]

@@ -348,9 +348,7 @@ class ViTClassifier(L.LightningModule):
         explained = self._explained(lambda: self.losses(batch), batch["image"].shape)
         loss, logits, _ = explained.output
         probs = self.probabilities(logits)
-        known = (label >= 0).view(len(label), -1).all(dim=1)  # not a slice of a scan with a lesion (no slice label)
-        if known.any():  # (torchmetrics cannot take an empty batch)
-            self.metrics[stage].update(probs[known], label[known])
+        self.metrics[stage].update(probs, label)  # labels -1 (a slice of a scan with a lesion) left out
         self.log(f"{stage}/loss", loss, prog_bar=stage == "val", sync_dist=True, batch_size=len(label))
         self.log_dict(self.metrics[stage], prog_bar=stage == "val")
         self.map_metrics[stage].update(

@@ -38,6 +38,9 @@ class PhantomConfig:
         photons_per_ray_range: dose, unattenuated photons per detector bin and view, drawn log-uniformly.
         kernels: reconstruction filters drawn uniformly: names or `Kernel`s (see `vit_ct.sim.projector.fourier_filter`).
         beam_hardening: strength of the bone beam-hardening term (0 disables it; costs ~20% more time).
+        patient_bleed_fraction: share of patients who bleed at all, as scans are labelled: a patient drawn without
+            one has no bleed on any slice; one drawn with one has a bleed on each slice with chance `bleed_fraction`.
+            None: every patient's slices are drawn alike (each with chance `bleed_fraction`).
     """
 
     size: int = 256
@@ -52,6 +55,7 @@ class PhantomConfig:
     photons_per_ray_range: tuple[float, float] = (8.0e5, 3.0e6)
     kernels: tuple[str | Kernel, ...] = ("cosine", "hamming", "hann")
     beam_hardening: float = 0.0
+    patient_bleed_fraction: float | None = None
 
     def __post_init__(self):
         if self.size < 32:
@@ -60,8 +64,9 @@ class PhantomConfig:
             raise ValueError(
                 f"size * pixel_spacing_mm must cover a head (>= 150 mm), got {self.size * self.pixel_spacing_mm} mm"
             )
-        for name in ("bleed_fraction", "low_contrast_fraction", "small_fraction", "lookalike_probability"):
-            if not 0 <= getattr(self, name) <= 1:
+        for name in ("bleed_fraction", "low_contrast_fraction", "small_fraction", "lookalike_probability",
+                     "patient_bleed_fraction"):  # fmt: skip
+            if getattr(self, name) is not None and not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
         unknown = set(self.bleed_types) - set(BLEED_TYPES[1:])
         if unknown or not self.bleed_types or len(self.bleed_type_weights) != len(self.bleed_types):

@@ -43,7 +43,8 @@ def generator_description(n_patients, slices_per_patient, seed, config, split_fr
         "slices_per_patient": slices_per_patient,
         "seed": seed,
         "split_fractions": list(split_fractions),
-        "config": asdict(config),
+        # a setting added later is recorded only when used, so sets built before it existed still match
+        "config": {k: v for k, v in asdict(config).items() if not (k == "patient_bleed_fraction" and v is None)},
     }
     return json.loads(json.dumps(description))
 
@@ -172,7 +173,10 @@ def simulate_patient(seed: int, index: int, n_slices: int, config: PhantomConfig
     head = sample_head(rng)
     start = rng.uniform(0.0, 0.25)
     levels = start + (1 - start) * np.arange(n_slices) / n_slices
-    return simulate_slices(rng, config, n_slices, head=head, levels=list(levels))
+    bleed_types = None  # drawn slice by slice
+    if config.patient_bleed_fraction is not None and rng.random() >= config.patient_bleed_fraction:
+        bleed_types = ["none"] * n_slices  # a patient without a bleed
+    return simulate_slices(rng, config, n_slices, head=head, levels=list(levels), bleed_types=bleed_types)
 
 
 def _write_patient(folder: Path, seed: int, index: int, n_slices: int, config: PhantomConfig):
