@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 import torch
 from conftest import TINY_MODEL_ARGS
-from npy_manifest import manifest_args, write_npy_manifest
+from npy_manifest import BEST_BY_VAL_AUROC, manifest_args, write_npy_manifest
 
 from vit_ct.data.datamodule import CTSliceDataModule
 from vit_ct.data.distributed import EpochShuffleSampler
@@ -246,7 +246,7 @@ def test_fit_from_scan_labels_through_the_command(tmp_path):
     manifest = _scan_labelled(tmp_path, train=12, val=6, test=6)
     record = tmp_path / "labels.jsonl"
     run = _fit(tmp_path, *manifest_args(manifest, batch_size=4), *TINY_MODEL_ARGS, "--trainer.max_epochs", "2",
-               "--model.mil_loss_weight", "1.0", "--test_after_fit", "true",
+               "--model.mil_loss_weight", "1.0", "--test_after_fit", "true", *BEST_BY_VAL_AUROC,
                "--trainer.callbacks+=probes.RecordLabels", "--trainer.callbacks.path", str(record))  # fmt: skip
     lines = [json.loads(line) for line in record.read_text().splitlines()]
     batches = [line for line in lines if "batch" in line]
@@ -260,6 +260,10 @@ def test_fit_from_scan_labels_through_the_command(tmp_path):
     summary = json.loads((tmp_path / "runs" / "latest" / "summary.json").read_text())
     assert 0 <= summary["metrics"]["test/scan_auroc"] <= 1, summary["metrics"]
     assert "scan_auroc" in run.stdout
+    # val/auroc is undefined without slice labels of lesions: the best checkpoint is chosen on val/scan_auroc
+    assert "the best checkpoint is chosen on val/scan_auroc" in run.stdout + run.stderr
+    assert summary["kept_checkpoint"] == "best val/scan_auroc (max)", summary["kept_checkpoint"]
+    assert Path(summary["best_checkpoint"]).name.startswith("best-epoch")
 
 
 @pytest.mark.slow
