@@ -17,8 +17,10 @@ import pytest
 import torch
 from conftest import TINY_MODEL_ARGS
 from npy_manifest import BEST_BY_VAL_AUROC, manifest_args, write_npy_manifest
+from test_datasets_cq500 import cq500_root  # noqa: F401  (the fixture: CQ500's layout)
 
 from vit_ct.data.datamodule import CTSliceDataModule
+from vit_ct.data.datasets import write_dataset_manifest
 from vit_ct.data.distributed import EpochShuffleSampler
 from vit_ct.data.manifest import read_manifest
 from vit_ct.data.slice_dataset import CTSliceDataset
@@ -278,3 +280,26 @@ def test_two_process_fit_from_scan_labels_remembers_every_ranks_slices(tmp_path)
     ranks = [json.loads((tmp_path / "rec" / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert ranks[0]["rows"] == ranks[1]["rows"] == list(range(12))
     assert ranks[0]["scan_auroc"] == ranks[1]["scan_auroc"] is not None
+
+
+def test_a_cq500_manifest_as_written_trains_from_its_scan_labels_and_subtypes(cq500_root, tmp_path):  # noqa: F811
+    """`vit-ct manifest --dataset cq500` writes scan labels only: read as they are, they train (here: the data the
+    losses see), for "a bleed" and, with label_columns, per subtype from the scan_<subtype> columns."""
+    out = tmp_path / "cq500.csv"
+    write_dataset_manifest("cq500", cq500_root, out, progress=False)
+    table = pd.read_csv(out, keep_default_na=False)
+    table["split"] = table["scan"].map({"CQ500-CT-0": "train", "CQ500-CT-1": "train", "CQ500-CT-2": "val",
+                                        "CQ500-CT-3": "test"})  # fmt: skip
+    table.to_csv(out, index=False)
+    for label_columns in (None, ["intraparenchymal", "subdural"]):
+        options = {"img_size": 16, "windows": ["brain"], "batch_size": 64, "num_workers": 0, "augment": False}
+        data = CTSliceDataModule(str(out), label_columns=label_columns, cache_dir=str(tmp_path / "c"), **options)
+        data.setup("fit")
+        batch = next(iter(data.train_dataloader()))
+        rows = data.split_table("train").iloc[batch["index"].numpy()]
+        if label_columns is None:  # study 0: a bleed by 2 of 3 readers; study 1: by 1 of 3, so none
+            assert batch["scan_label"].tolist() == [int(s == "CQ500-CT-0") for s in rows["scan"]]
+            assert batch["label"].tolist() == [-1 if s == "CQ500-CT-0" else 0 for s in rows["scan"]]
+        else:  # study 0: intraparenchymal by 1 reader and subdural by 1: neither by the majority
+            assert batch["scan_label"].tolist() == [[0, 0]] * len(rows)
+            assert batch["label"].tolist() == [[0, 0]] * len(rows)
