@@ -40,7 +40,7 @@ def images(items) -> torch.Tensor:
 def test_same_seed_same_slices_other_seed_other_slices():
     first = next(iter(stream(seed=3)))
     again = next(iter(stream(seed=3)))
-    for key in CTBatch.__annotations__:
+    for key in CTBatch.__required_keys__:
         assert torch.equal(first[key], again[key]), key
     assert not torch.equal(first["image"], next(iter(stream(seed=4)))["image"])
 
@@ -49,7 +49,7 @@ def test_items_are_ctbatch_items_with_the_lesion_inside_the_head():
     items = list(stream(epoch_size=12))
     assert len(items) == 12 and [int(item["index"]) for item in items] == list(range(12))
     for item in items:
-        assert set(item) == set(CTBatch.__annotations__)
+        assert set(item) == set(CTBatch.__required_keys__)
         assert item["image"].shape == (2, 32, 32) and item["image"].dtype == torch.float32
         assert item["image"].min() >= 0 and item["image"].max() <= 1
         assert item["mask"].shape == item["head"].shape == (1, 32, 32)

@@ -5,7 +5,7 @@ read from the files, from memory, or from the disk cache.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NotRequired, TypedDict
+from typing import Any, TypedDict
 
 import numpy as np
 import pandas as pd
@@ -23,7 +23,14 @@ from vit_ct.progress import track
 _FILL_CHUNK = 256  # slices copied at once when the in-memory cache is filled from the disk cache
 
 
-class CTBatch(TypedDict):
+class ScanKeys(TypedDict, total=False):
+    """The keys of a batch only where the manifest has scan labels (:mod:`vit_ct.data.scan_labels`)."""
+
+    scan_label: torch.Tensor  # (B,) int64, or (B, L) 0/1; -1 where unknown: the label of the slice's scan
+    scan: torch.Tensor  # (B,) int64: the slice's scan, numbered within its split
+
+
+class CTBatch(ScanKeys):
     """One batch. ``B`` slices, ``C`` windows, ``S`` = ``img_size``.
 
     With the disk cache (``cache: disk``) the loaders' batches carry ``hu`` ``(B, 1, S, S)`` float16 on the model grid
@@ -40,9 +47,6 @@ class CTBatch(TypedDict):
     valid: torch.Tensor  # (B,) bool: False on a repeat that pads a DDP shard (metrics skip it)
     source_shape: torch.Tensor  # (B, 2) rows, columns of the source slice
     pixel_spacing_mm: torch.Tensor  # (B,) mm per model-grid pixel; NaN where neither the file nor the manifest gives it
-    # only where the manifest has scan labels (vit_ct.data.scan_labels):
-    scan_label: NotRequired[torch.Tensor]  # (B,) int64, or (B, L) 0/1; -1 where unknown: the label of the slice's scan
-    scan: NotRequired[torch.Tensor]  # (B,) int64: the slice's scan, numbered within its split
 
 
 def slice_item(
