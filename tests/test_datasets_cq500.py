@@ -83,7 +83,11 @@ def write_reads(path: Path, studies) -> None:
 
 @pytest.fixture
 def cq500_root(tmp_path) -> Path:
-    root = tmp_path / "cq500"
+    return write_cq500(tmp_path / "cq500")
+
+
+def write_cq500(root: Path) -> Path:
+    """CQ500 as downloaded and unpacked under ``root``: SERIES' studies and their reads.csv; returns ``root``."""
     for study, series in SERIES.items():
         folder = root / f"CQ500CT{study} CQ500CT{study}"
         if study == 3:  # unpacked into a folder of its own archive's name

@@ -141,10 +141,12 @@ def fill_placeholders(argument: str) -> str:
 
 def user_files(folder: Path, synthetic_set: Path) -> None:
     """What the README's commands expect beside them: configs/, my.csv (labelled, with the multi-label columns of
-    the README's example), new.csv (unlabelled), Kaggle's RSNA layout (stage_2_train.csv, stage_2_train/), a DICOM
-    archive (dicom/: two synthetic patients' series) and a NIfTI volume (volume.nii.gz: one patient's slices)."""
+    the README's example), new.csv (unlabelled), Kaggle's RSNA layout (stage_2_train.csv, stage_2_train/), CQ500's
+    (CQ500/), a DICOM archive (dicom/: two synthetic patients' series) and a NIfTI volume (volume.nii.gz: one
+    patient's slices)."""
     import nibabel as nib
     import numpy as np
+    from test_datasets_cq500 import write_cq500
     from test_rsna import phantom_hu, write_ct_dicom
 
     from vit_ct import load_ct_slice
@@ -174,6 +176,7 @@ def user_files(folder: Path, synthetic_set: Path) -> None:
         names = ["epidural", "intraparenchymal", "intraventricular", "subarachnoid", "subdural", "any"]
         rows += [(f"ID_{i:04d}_{name}", value) for name, value in zip(names, labels, strict=True)]
     pd.DataFrame(rows, columns=["ID", "Label"]).to_csv(folder / "stage_2_train.csv", index=False)
+    write_cq500(folder / "CQ500")
 
 
 def test_every_readme_command_is_run_or_skipped_for_a_listed_reason(tmp_path):
