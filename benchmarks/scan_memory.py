@@ -31,7 +31,7 @@ The slices (32 x 32 float32 HU .npy, distinct, in one folder per scan) and both 
 benchmarks/records/scan_memory.json.
 """
 KINDS = ("slice", "scan")  # manifest_<kind>.csv: slice labels (`label`), scan labels only (`scan_label`)
-LAYOUT = 1  # of the set's files and manifests: a set built by other code is rebuilt
+LAYOUT = 2  # of the set's files and manifests: a set built by other code is rebuilt
 FIELD_MM = 230.0  # a head CT's field of view: the slices' pixel spacing is FIELD_MM / size
 
 
@@ -81,13 +81,15 @@ class MemoryProbe(Callback):
 
 
 def scan_lengths(n: int, scans: int, shortest: int, longest: int, seed: int = 0) -> np.ndarray:
-    """``(scans,)`` slices per scan, each in ``[shortest, longest]``, summing to ``n``: drawn uniformly, then evened
-    out one slice at a time on scans that stay in range."""
+    """``(scans,)`` slices per scan, each in ``[shortest, longest]``, summing to ``n``: spread over the whole range
+    (a beta distribution with the mean ``n / scans``, as series of thick and thin slices mix in an archive), then
+    evened out one slice at a time on scans that stay in range."""
     if not 1 <= shortest <= longest or not shortest * scans <= n <= longest * scans:
         raise ValueError(f"--n {n} slices cannot be --scans {scans} scans of {shortest} to {longest} slices each")
     rng = np.random.default_rng(seed)
-    lengths = rng.integers(shortest, longest + 1, scans)
-    lengths = np.clip(np.round(lengths * n / lengths.sum()), shortest, longest).astype(np.int64)
+    mean = (n / scans - shortest) / max(longest - shortest, 1)  # in [0, 1]
+    spread = rng.beta(max(2 * mean, 0.05), max(2 * (1 - mean), 0.05), scans) if 0 < mean < 1 else np.full(scans, mean)
+    lengths = np.round(shortest + spread * (longest - shortest)).astype(np.int64)
     while (gap := n - int(lengths.sum())) != 0:
         room = np.flatnonzero(lengths < longest) if gap > 0 else np.flatnonzero(lengths > shortest)
         chosen = rng.choice(room, min(abs(gap), len(room)), replace=False)
