@@ -71,9 +71,7 @@ class EpochShuffleSampler(DistributedSampler):
         groups: ``(N,)`` int: each sample's group (scan); None shuffles samples one by one.
     """
 
-    def __init__(
-        self, dataset: Dataset, *, num_replicas: int = 1, rank: int = 0, seed: int = 0, groups=None
-    ) -> None:
+    def __init__(self, dataset: Dataset, *, num_replicas: int = 1, rank: int = 0, seed: int = 0, groups=None) -> None:
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=False)
         self.groups = None if groups is None else torch.as_tensor(groups, dtype=torch.int64)
         self.skip = 0  # samples of the next pass to leave out (set when resuming mid-epoch)
