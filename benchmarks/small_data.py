@@ -290,6 +290,8 @@ def score_maps(maps: torch.Tensor, test: dict, lesion: torch.Tensor, img_size: i
 def scan_auroc(labels: np.ndarray, probs: np.ndarray, patients: np.ndarray) -> float:
     """AUROC over scans (each patient's one scan): its highest slice probability against "a slice holds a bleed"."""
     scans = pd.DataFrame({"label": labels, "prob": probs, "scan": patients}).groupby("scan").max()
+    if scans["label"].nunique() < 2:  # undefined without scans of both kinds
+        return float("nan")
     return float(roc_auc_score(scans["label"], scans["prob"]))
 
 
