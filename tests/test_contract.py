@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 import math
+import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,8 +15,12 @@ from npy_manifest import manifest_args, write_npy_manifest
 from vit_ct import ViTClassifier
 from vit_ct.cli import main
 from vit_ct.data.contract import CHECKPOINT_KEY, InputContract
+from vit_ct.model import shipped, weights_input
 from vit_ct.review import review_datamodule
-from vit_ct.run.checkpoint import BestAndLastCheckpoint, read_checkpoint
+from vit_ct.run.checkpoint import BestAndLastCheckpoint, read_checkpoint, read_wandb_run_id
+
+SHIPPED = "vit-ct/headct-tiny-256"
+FINETUNE = str(Path(__file__).resolve().parents[1] / "configs" / "finetune.yaml")
 
 NO_LOGGER = ["--trainer.logger", "false"]
 READ = ["--data.init_args.modalities", "[CT,MR]", "--data.init_args.stored_values_are_hu", "true"]
@@ -92,6 +98,64 @@ def test_the_review_reads_slices_with_the_checkpoints_read_options(fitted):
     data = review_datamodule(model, manifest, config={})
     assert data.read_options == {"modalities": ("CT", "MR"), "stored_values_are_hu": True}
     assert (data.img_size, data.windows) == (32, [(40.0, 80.0)])
+
+
+@pytest.mark.parametrize("subcommand", ["test", "validate", "predict"])
+def test_every_command_sees_named_weights_as_they_were_trained(tmp_path, caplog, subcommand):
+    """Shipped weights named by a config and no checkpoint (score them as they are): every command builds the network
+    at the size they were trained for, as fit does, instead of resampling their position embeddings."""
+    manifest = write_npy_manifest(tmp_path / "data", train=2, val=2)
+    output = ["--output_dir", str(tmp_path / "out")] if subcommand == "predict" else []
+    with caplog.at_level(logging.INFO), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cli = main([subcommand, "--config", FINETUNE, "--data.manifest", str(manifest), *NO_LOGGER, *output])
+    said = [r.getMessage() for r in caplog.records]
+    line = "input follows the shipped weights: data.img_size: 256 x 256 (as vit-ct/headct-tiny-256 was trained; the"
+    assert f"{line} config said 192 x 192)" in said
+    assert cli.datamodule.img_size == cli.model.hparams.img_size == 256
+    assert cli.model.vit.patch_embed.grid_size == (16, 16)
+    assert cli.model.input_contract == shipped.input_contract(SHIPPED)
+    assert not [w for w in caught if "resampled" in str(w.message)]
+
+
+def test_python_sees_named_weights_as_they_were_trained_and_says_where_told_otherwise(fitted):
+    _, ckpt = fitted
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # nothing to say: the weights' own input
+        model = ViTClassifier(pretrained=SHIPPED)
+    assert model.hparams.img_size == 256 and model.input_contract == shipped.input_contract(SHIPPED)
+    with pytest.warns(UserWarning, match=r"position embeddings are resampled from 256 x 256 \(img_size=256"):
+        model = ViTClassifier(pretrained=SHIPPED, img_size=192)
+    assert model.hparams.img_size == 192 and model.input_contract.windows is None
+    model = ViTClassifier(weights=str(ckpt))  # a vit-ct checkpoint as start weights: its input and network
+    assert model.input_contract == InputContract.from_checkpoint(read_checkpoint(ckpt))
+    assert (model.hparams.img_size, model.hparams.in_chans) == (32, 1)
+    plain = ViTClassifier(depth=1)  # no weights that know their input: the data module's defaults
+    assert (plain.hparams.img_size, plain.hparams.in_chans) == (192, 2)
+
+
+def test_a_checkpoint_is_opened_once_while_unchanged(fitted, monkeypatch):
+    _, ckpt = fitted
+    opened = []
+    load = torch.load
+    monkeypatch.setattr(weights_input.torch, "load", lambda path, **kw: opened.append(path) or load(path, **kw))
+    seen = weights_input.weights_input(ckpt_path=ckpt)
+    read_wandb_run_id(ckpt)
+    checkpoint = read_checkpoint(ckpt)
+    assert len(opened) == 1 and seen.contract == InputContract.from_checkpoint(checkpoint)
+    checkpoint["hyper_parameters"]["img_size"] = 64  # the caller's copy: the next reader is not misled
+    assert read_checkpoint(ckpt)["hyper_parameters"]["img_size"] == 32 and len(opened) == 1
+    torch.save({**checkpoint, "epoch": 7}, ckpt.with_suffix(".new"))  # (its tensors map the old file: not over it)
+    ckpt.with_suffix(".new").replace(ckpt)  # changed on disk, as checkpoints are written: read again
+    assert read_checkpoint(ckpt)["epoch"] == 7 and len(opened) == 2
+
+
+def test_the_review_keeps_the_windows_a_checkpoint_records(fitted):
+    manifest, ckpt = fitted
+    model = ViTClassifier.load_from_checkpoint(ckpt)
+    with pytest.warns(UserWarning, match="input_windows='subdural' left aside: the model was trained with 32 x 32"):
+        data = review_datamodule(model, manifest, config={}, input_windows="subdural")
+    assert data.windows == [(40.0, 80.0)]
 
 
 @pytest.mark.parametrize(

@@ -49,14 +49,16 @@ def test_export_writes_half_precision_weights_and_a_card_with_the_input_and_the_
 
 
 def test_shipped_weights_load_by_name_into_the_network_their_card_names(exported):
-    model = ViTClassifier(img_size=32, in_chans=1, pretrained="vit-ct/tiny").eval()  # the default arch is 6 x 192
+    model = ViTClassifier(pretrained="vit-ct/tiny").eval()  # the input and network the weights' card names
+    assert (model.hparams.img_size, model.hparams.in_chans) == (32, 1)
     assert (len(model.vit.blocks), model.vit.embed_dim) == (2, 32)
     assert model.input_contract == shipped.input_contract("vit-ct/tiny")
     assert "pretrained" not in model.hparams  # a fine-tuned checkpoint loads without the shipped file
     state = load_file(str(shipped.weights_file("vit-ct/tiny")))
     torch.testing.assert_close(model.vit.blocks[0].mlp.fc1.weight, state["blocks.0.mlp.fc1.weight"].float())
-    with pytest.warns(UserWarning, match=r"trained on 1 windows at 32 x 32; built for 1 at 64 x 64, its position"):
-        resized = ViTClassifier(img_size=64, in_chans=1, pretrained="vit-ct/tiny")  # as ViTClassifier(192) would be
+    resampled = r"built for 1 channel\(s\) at 64 x 64, their position embeddings are resampled from 32 x 32"
+    with pytest.warns(UserWarning, match=resampled):
+        resized = ViTClassifier(img_size=64, pretrained="vit-ct/tiny")  # another size than the weights': said
     assert resized.input_contract != shipped.input_contract("vit-ct/tiny") and resized.input_contract.windows is None
     with pytest.raises(
         ValueError, match=r"vit-ct/nothing: no such weights ship with vit-ct; there are \['vit-ct/tiny'\]"

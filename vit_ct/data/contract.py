@@ -10,6 +10,10 @@ from vit_ct.data.windows import WINDOW_PRESETS, parse_windows
 
 CHECKPOINT_KEY = "vit_ct_input"  # top-level key of a vit-ct checkpoint
 READ_OPTIONS = ("modalities", "stored_values_are_hu")  # the load_ct_slice options that change what a model sees
+# The input of a model and a data module built with no arguments (the demo's): 12 x 12 patches of 1.2 mm pixels, brain
+# and subdural windows (blood beside bone is clearer in the subdural window).
+DEFAULT_WINDOWS: tuple[str, ...] = ("brain", "subdural")
+DEFAULT_IMG_SIZE = 192
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,34 @@ class InputContract:
             patch_size=int(hparams.get("patch_size", 16)),
             in_chans=int(hparams.get("in_chans", 1)),
         )
+
+    def completed(self, *, windows=None, read_options: dict[str, Any] | None = None) -> InputContract:
+        """This contract with what it does not know filled in (a checkpoint written before inputs were recorded):
+        ``windows`` (as ``parse_windows`` takes them; none given: ``brain`` for a one-channel model) and the read
+        options found in ``read_options`` (a data module's arguments; the rest keep ``load_ct_slice``'s defaults).
+        What the contract knows stays as it is.
+
+        Raises:
+            ValueError: the windows give another number of channels than the model takes.
+        """
+        known = self.windows
+        if known is None:
+            given = windows if windows is not None else ("brain" if self.in_chans == 1 else None)
+            known = tuple(parse_windows(given)) if given is not None else ()
+            if len(known) != self.in_chans:
+                raise ValueError(
+                    f"the model takes {self.in_chans} input windows, got {given!r}; its checkpoint predates recorded"
+                    " inputs: pass the windows it was trained with (e.g. ['brain', 'subdural'])"
+                )
+        options = self.read_options
+        if options is None:
+            from vit_ct.data.dicom import CT_MODALITIES  # (pydicom: only where a contract is completed)
+
+            given = {name: value for name, value in (read_options or {}).items() if name in READ_OPTIONS}
+            options = {"modalities": CT_MODALITIES, "stored_values_are_hu": False, **given}  # load_ct_slice's defaults
+            if options["modalities"] is not None:
+                options["modalities"] = tuple(options["modalities"])
+        return InputContract(self.img_size, self.patch_size, self.in_chans, known, options)
 
     def data_arguments(self) -> dict[str, Any]:
         """The data module arguments (``img_size``, ``windows``, read options) that prepare slices this way; only

@@ -18,6 +18,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, WeightedRandomSampler
 
 from vit_ct.data.check_record import CheckRecord
+from vit_ct.data.contract import DEFAULT_IMG_SIZE, DEFAULT_WINDOWS, InputContract
 from vit_ct.data.distributed import (
     EpochShuffleSampler,
     MarkedPaddingSampler,
@@ -36,7 +37,7 @@ from vit_ct.data.model_input import HEAD_HU, model_grid_spacing
 from vit_ct.data.scans import Scan, Skipped, find_scans, scan_table
 from vit_ct.data.slice_cache import SliceCache, cache_folder
 from vit_ct.data.slice_dataset import CTBatch, CTSliceDataset, collate, slice_item
-from vit_ct.data.slice_module import DEFAULT_IMG_SIZE, DEFAULT_WINDOWS, SliceDataModule, Window
+from vit_ct.data.slice_module import SliceDataModule, Window
 from vit_ct.data.splits import SPLIT_FRACTIONS
 
 # HEAD_HU, model_grid_spacing, CTBatch and slice_item lived here before; sim and saved code import them from here.
@@ -142,6 +143,22 @@ class CTSliceDataModule(SliceDataModule):
         self.bad_rows_report: Path | None = None  # bad_files.csv, written when on_bad_file="skip" left rows out
         self._labelled = False  # whether `table` was read requiring labels
         self.datasets: dict[str, CTSliceDataset] = {}
+
+    @classmethod
+    def from_contract(cls, contract: InputContract, **kwargs):
+        """The slices of a manifest (or scans) prepared as ``contract`` says: input size, windows, read options;
+        ``kwargs``: the rest of the arguments (``manifest``, ``batch_size``, ...). How the review builds its data.
+
+        Raises:
+            ValueError: the contract does not know its windows (a checkpoint written before inputs were recorded:
+                :meth:`~vit_ct.data.contract.InputContract.completed` fills them in).
+        """
+        if contract.windows is None:
+            raise ValueError(
+                f"the model's input ({contract.describe()}) does not say its windows: the checkpoint predates recorded"
+                " inputs; give the windows it was trained with"
+            )
+        return cls(**{**kwargs, **contract.data_arguments()})
 
     def manifest_path(self) -> Path:
         if self.manifest is None:

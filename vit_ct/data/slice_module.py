@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from vit_ct.data.augment import BatchAugmentation
-from vit_ct.data.contract import InputContract
+from vit_ct.data.contract import DEFAULT_IMG_SIZE, DEFAULT_WINDOWS, InputContract
 from vit_ct.data.distributed import MarkedPaddingSampler, global_seed
 from vit_ct.data.model_input import apply_windows
 from vit_ct.data.scanner_augment import ScannerAugmentation
@@ -18,10 +18,7 @@ from vit_ct.data.slice_dataset import CTBatch
 from vit_ct.data.windows import parse_windows
 
 Window = str | tuple[float, float]
-# The default (demo) model's input: 12 x 12 patches of 1.2 mm pixels, brain and subdural windows (blood beside bone
-# is clearer in the subdural window). ViTClassifier's defaults match them.
-DEFAULT_WINDOWS: tuple[Window, ...] = ("brain", "subdural")
-DEFAULT_IMG_SIZE = 192
+__all__ = ["DEFAULT_IMG_SIZE", "DEFAULT_WINDOWS", "SliceDataModule", "Window"]
 
 
 class SliceDataModule(L.LightningDataModule):

@@ -24,14 +24,14 @@ from vit_ct.explain.maps import Explained, explain_forward
 from vit_ct.explain.sink import sink_per_slice
 from vit_ct.metrics.classification import classification_metrics
 from vit_ct.metrics.maps import MapMetrics, slice_scores
-from vit_ct.model import shipped
 from vit_ct.model.hparams import check_hparams, predated_hparams
 from vit_ct.model.losses import Losses, PatchLosses, classification_loss
 from vit_ct.model.network import AirSkippingViT
 from vit_ct.model.optim import param_groups, warmup_cosine_schedule
 from vit_ct.model.scan_bags import ScanBags
 from vit_ct.model.stem import ConvStemPatchEmbed
-from vit_ct.model.weights import choose_stem, load_start, pretrained_architecture, read_start
+from vit_ct.model.weights import choose_stem, load_start, read_start, start_architecture
+from vit_ct.model.weights_input import model_input, weights_input
 
 STAGES = ("val", "test")
 
@@ -41,13 +41,16 @@ class ViTClassifier(L.LightningModule):
 
     Args:
         arch: timm ViT architecture the network starts from; the arguments below override its defaults.
-        img_size: Side of the square model input in pixels (a multiple of ``patch_size``).
+        img_size: Side of the square model input in pixels (a multiple of ``patch_size``). None: the start
+            weights' own (``weights`` holding a vit-ct checkpoint, shipped ``pretrained`` weights), else the data
+            module's default, 192. A value other than the weights' resamples their position embeddings, said in one
+            warning.
         patch_size: Side of a patch in pixels.
         stem: ``patch``: timm's linear patch embedding; ``conv``: a convolutional stem with the same token grid,
             which trains much better from scratch on small data (arXiv:2106.14881). None: the stem the start weights
             (``weights``, ``pretrained``) hold, so that they load whole; ``conv`` without start weights.
-        in_chans: Input channels (one per HU window; linked to the data in the CLI). The defaults (192 x 192, two
-            channels) are the demo model's: the brain and subdural windows of the data module's defaults.
+        in_chans: Input channels (one per HU window; linked to the data in the CLI). None: the start weights' own,
+            else 2, the data module's default windows (brain, subdural).
         num_classes: Classes (label 0 = no lesion) or, with ``multilabel``, labels. None: one per name in
             ``class_names`` for multi-label (the CLI links both from ``data.label_columns``), else 2.
         class_names: Names of the classes or labels, for prediction columns (``prob_<name>``).
@@ -94,8 +97,9 @@ class ViTClassifier(L.LightningModule):
             the source slice for a slice without one, said in one warning.
         grad_checkpointing: Recompute block activations in the backward pass (less memory, ~30% slower); not while
             the attention loss is on (``attention_loss_weight`` > 0), whose attention must stay in the graph.
-        weights: Initial weights: a vit-ct checkpoint or a timm state-dict file. Channels, position grid and
-            differently sized heads are adapted. Only the network is loaded, not the trainer state.
+        weights: Initial weights: a vit-ct checkpoint (the network takes its architecture and, where ``img_size``
+            and ``in_chans`` are None, its input, as with ``pretrained``) or a timm state-dict file. Channels,
+            position grid and differently sized heads are adapted. Only the network is loaded, not the trainer state.
         pretrained: A timm pretrained tag (e.g. ``vit_small_patch16_224.augreg_in21k_ft_in1k``) or weights shipped
             with vit-ct (``vit-ct/headct-tiny-256``): the network takes the weights' architecture (an ``arch``,
             ``patch_size``, ``stem``, ``embed_dim``, ``depth`` or ``num_heads`` given otherwise gives way, with a
@@ -109,10 +113,10 @@ class ViTClassifier(L.LightningModule):
         self,
         *,
         arch: str = "vit_tiny_patch16_224",
-        img_size: int = 192,
+        img_size: int | None = None,
         patch_size: int = 16,
         stem: Literal["patch", "conv"] | None = None,
-        in_chans: int = 2,
+        in_chans: int | None = None,
         num_classes: int | None = None,
         class_names: list[str] | None = None,
         multilabel: bool = False,
@@ -148,37 +152,43 @@ class ViTClassifier(L.LightningModule):
     ) -> None:
         arguments = {name: value for name, value in locals().items() if name not in ("self", "__class__")}
         super().__init__()
-        if num_classes is None:  # multi-label: one output per named label
-            num_classes = len(class_names) if multilabel and class_names else 2
-        check_hparams({**arguments, "num_classes": num_classes})
         if weights and pretrained:
             raise ValueError("give --model.weights or --model.pretrained, not both")
+        if num_classes is None:  # multi-label: one output per named label
+            num_classes = len(class_names) if multilabel and class_names else 2
+        # How the model sees: the start weights' input where they know it and the arguments leave it (None) or agree
+        seen = weights_input(weights=weights, pretrained=pretrained)
+        # the network the start weights fill, taken below so that they fit (a tag's, or a vit-ct checkpoint's)
+        own = start_architecture(pretrained, seen.architecture if seen is not None else None)
+        patch_size = own.get("patch_size") or patch_size
+        contract = model_input(seen, img_size=img_size, in_chans=in_chans, patch_size=patch_size)
+        arguments.update(img_size=contract.img_size, in_chans=contract.in_chans)
+        check_hparams({**arguments, "num_classes": num_classes})
         # `weights` is a start point, not part of the model: a checkpoint must load without that file.
         ignore = ("optimizer", "scheduler", "weights", "pretrained")
         self.save_hyperparameters(ignore=list(ignore))
         # The CLI hands save_hyperparameters its own config, which lacks the link targets it did not set: the
         # hyper-parameters are made every argument the model is built with, so that nothing reads a fallback.
         self.hparams.update({k: v for k, v in arguments.items() if k not in self.hparams and k not in ignore})
-        self.hparams.num_classes = num_classes  # resolved
+        self.hparams.update(num_classes=num_classes, img_size=contract.img_size, in_chans=contract.in_chans)  # resolved
         start = read_start(weights, pretrained)  # the start weights, or None
-        if pretrained:  # the tag's architecture, recorded so that a checkpoint rebuilds it without the hub
-            self.hparams.update(pretrained_architecture(pretrained))
+        # the weights' architecture, recorded so that a checkpoint rebuilds it without the hub or the weights file
+        self.hparams.update(own)
         self.hparams.stem = choose_stem(self.hparams.stem, start)  # resolved
         self.task: Literal["binary", "multiclass", "multilabel"] = (
             "multilabel" if multilabel else ("binary" if num_classes == 2 else "multiclass")
         )
-        # How the weights see their input; windows and read options become known from the data it is trained on or
-        # from the checkpoint it is loaded from (see on_save_checkpoint / on_load_checkpoint).
-        self.input_contract = InputContract(img_size, patch_size, in_chans)
+        # How the weights see their input; where the start weights leave windows and read options unknown, they
+        # become known from the data it is trained on or the checkpoint it is loaded from (on_save_checkpoint /
+        # on_load_checkpoint).
+        self.input_contract = contract
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
         self.configure_models()
         self.configure_losses()
         self.configure_metrics()
         if start is not None:
-            load_start(self, start, arguments)
-            if shipped.is_shipped(pretrained):  # until it is trained on other data, it sees as the weights did
-                self.input_contract = shipped.built_for(pretrained, img_size, in_chans) or self.input_contract
+            load_start(self, start, arguments, own_architecture=bool(own))
 
     def configure_models(self) -> None:
         """The network (timm's ViT, conv stem or timm's patch embedding, air patches skipping the blocks) and the

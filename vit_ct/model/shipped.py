@@ -65,23 +65,6 @@ def input_contract(tag: str) -> InputContract:
     return InputContract.from_dict(card(tag)["input"])
 
 
-def built_for(tag: str, img_size: int, in_chans: int) -> InputContract | None:
-    """The weights' input contract where the network is built for their input; else None, with a warning: timm
-    resamples the position embeddings to another size, and the windows are then unknown (the CLI links ``img_size``
-    from the data; in Python ``ViTClassifier``'s default 192 is easily left)."""
-    contract = input_contract(tag)
-    if (contract.img_size, contract.in_chans) == (img_size, in_chans):
-        return contract
-    from lightning.pytorch.utilities import rank_zero_warn
-
-    rank_zero_warn(
-        f"{tag} was trained on {contract.in_chans} windows at {contract.img_size} x {contract.img_size}; built for"
-        f" {in_chans} at {img_size} x {img_size}, its position embeddings are resampled and its windows unknown"
-        f" (img_size={contract.img_size}, in_chans={contract.in_chans} use it as trained)"
-    )
-    return None
-
-
 def architecture(tag: str) -> dict[str, Any]:
     """The hyper-parameters of the network the shipped weights fill (the card's ``architecture``)."""
     return dict(card(tag)["architecture"])

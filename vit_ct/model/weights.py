@@ -69,14 +69,17 @@ def read_start(weights: str | Path | None, pretrained: str | None) -> StartWeigh
     return None
 
 
-def load_start(model: torch.nn.Module, start: StartWeights, arguments: dict[str, Any]) -> list[str]:
-    """Load the start weights into ``model`` (its timm network ``model.vit``) as :func:`load_state` does; first, for
-    a pretrained tag, warn about the architecture ``arguments`` (the model's, as passed) that its weights overruled.
-    Returns the keys left at their fresh initialisation."""
-    if start.tag is not None:
+def load_start(
+    model: torch.nn.Module, start: StartWeights, arguments: dict[str, Any], *, own_architecture: bool
+) -> list[str]:
+    """Load the start weights into ``model`` (its timm network ``model.vit``) as :func:`load_state` does; first, where
+    the network took the weights' ``own_architecture`` (:func:`start_architecture`), warn about the architecture
+    ``arguments`` (the model's, as passed) that it overruled. Returns the keys left at their fresh initialisation."""
+    if own_architecture:
         defaults = {name: p.default for name, p in inspect.signature(type(model)).parameters.items()}
         given = {name: value for name, value in arguments.items() if name in defaults and value != defaults[name]}
-        warn_overruled_architecture(start.tag, given, built_architecture(model.vit, model.hparams))
+        named = f"--model.pretrained {start.tag}" if start.tag is not None else start.source
+        warn_overruled_architecture(named, given, built_architecture(model.vit, model.hparams))
     return load_state(model, start.state, vit=model.vit, source=start.source)
 
 
@@ -165,6 +168,18 @@ def pretrained_architecture(tag: str) -> dict:
     return {"arch": tag.split(".")[0], "embed_dim": None, "depth": None, "num_heads": None}
 
 
+def start_architecture(pretrained: str | None, checkpoint_hparams: dict[str, Any] | None) -> dict[str, Any]:
+    """The hyper-parameters of the network that start weights fill, which the model takes so that they fit: a
+    pretrained tag's (:func:`pretrained_architecture`), or those a vit-ct checkpoint given as weights was built with
+    (``checkpoint_hparams``; one from before ``mask_air`` had every patch as a key); ``{}`` for a plain state dict."""
+    if pretrained:
+        return pretrained_architecture(pretrained)
+    if checkpoint_hparams is None:
+        return {}
+    names = ("arch", "patch_size", "stem", "embed_dim", "depth", "num_heads", "reg_tokens", "mask_air")
+    return {name: checkpoint_hparams.get(name, False if name == "mask_air" else None) for name in names}
+
+
 def built_architecture(vit: VisionTransformer, hparams: dict) -> dict[str, Any]:
     """The architecture of a built network, by the names of ``ViTClassifier``'s arguments."""
     return {
@@ -179,9 +194,9 @@ def built_architecture(vit: VisionTransformer, hparams: dict) -> dict[str, Any]:
     }
 
 
-def warn_overruled_architecture(tag: str, given: dict[str, Any], built: dict[str, Any]) -> None:
+def warn_overruled_architecture(named: str, given: dict[str, Any], built: dict[str, Any]) -> None:
     """One warning naming the architecture arguments ``given`` (those passed other than at their default; None: the
-    architecture's own) that the weights of ``tag`` overruled: the network is built as the weights' architecture,
+    architecture's own) that the weights ``named`` overruled: the network is built as the weights' architecture,
     which is the only one they fit."""
     overruled = [
         f"{name} {built[name]} ({name}={value!r} was given)"
@@ -190,8 +205,7 @@ def warn_overruled_architecture(tag: str, given: dict[str, Any], built: dict[str
     ]
     if overruled:
         rank_zero_warn(
-            f"--model.pretrained {tag} has its own architecture, which the network takes so that the weights fit:"
-            f" {'; '.join(overruled)}"
+            f"{named} has its own architecture, which the network takes so that the weights fit: {'; '.join(overruled)}"
         )
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 
 import torch
 import yaml
 
-from vit_ct.data.contract import READ_OPTIONS
 from vit_ct.data.datamodule import CTSliceDataModule
 from vit_ct.data.splits import SPLIT_FRACTIONS
 from vit_ct.data.windows import parse_windows
@@ -76,8 +76,8 @@ def review_datamodule(
     input_windows=None,
 ) -> CTSliceDataModule:
     """The slices of ``split`` of ``manifest``, prepared as the model was trained: input size, windows and read
-    options from the model's input contract (its checkpoint's), the patient split from the run's ``config``; no
-    augmentation.
+    options from the model's input contract (its checkpoint's, completed from the run's ``config`` for one that
+    predates recorded inputs), the patient split from the run's ``config``; no augmentation.
 
     Args:
         model: The model under review.
@@ -85,24 +85,23 @@ def review_datamodule(
         split: ``train``, ``val``, ``test``, or None for every row.
         batch_size: Slices per forward pass.
         config: The run's CLI config (:func:`run_config`); ``{}``: defaults.
-        input_windows: The model's input windows, for a checkpoint that predates recorded inputs; None: its
-            contract's, else the run config's, else ``brain`` for a one-channel model.
+        input_windows: The model's input windows, for a checkpoint that predates recorded inputs (None: the run
+            config's, else ``brain`` for a one-channel model); a checkpoint that records its windows keeps them.
     """
     data = ((config or {}).get("data") or {}).get("init_args") or {}
     contract = model.input_contract
-    windows = input_windows or contract.windows or data.get("windows")
-    windows = windows or ("brain" if model.hparams.in_chans == 1 else None)
-    if windows is None or len(parse_windows(windows)) != model.hparams.in_chans:
-        raise ValueError(
-            f"the model takes {model.hparams.in_chans} input windows, got input_windows={windows!r}: pass the"
-            " windows it was trained with (e.g. ['brain', 'subdural'])"
-        )
-    read_options = contract.read_options or {name: data[name] for name in READ_OPTIONS if name in data}
-    return CTSliceDataModule(
-        str(project_path(manifest)),
-        windows=windows,
-        img_size=model.hparams.img_size,
-        **read_options,
+    if input_windows is not None and contract.windows is not None:
+        given = tuple(parse_windows(input_windows))
+        if given != contract.windows:
+            warnings.warn(
+                f"input_windows={input_windows!r} left aside: the model was trained with {contract.describe()}, which"
+                " its slices get",
+                stacklevel=2,
+            )
+    contract = contract.completed(windows=input_windows or data.get("windows"), read_options=data)
+    return CTSliceDataModule.from_contract(
+        contract,
+        manifest=str(project_path(manifest)),
         batch_size=batch_size,
         num_workers=0,
         augment=False,

@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import random
 import re
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from vit_ct.data.cache_folder import is_out_of_space
 from vit_ct.files import atomic_write, remove_leftovers
+from vit_ct.model.weights_input import read_checkpoint
 from vit_ct.run.compat import load_pending_loader_states, save_last_checkpoint, saves_on_train_epoch_end
 
 WANDB_RUN_ID = "wandb_run_id"  # top-level checkpoint key
@@ -110,37 +110,6 @@ def disk_full_error(path: Path, error: OSError, *, needed: int) -> CheckpointDis
     )
     full.errno = error.errno
     return full
-
-
-def read_checkpoint(path: str | Path) -> dict[str, Any]:
-    """A Lightning checkpoint's contents, tensors memory-mapped (only the small pickle is read) and no code executed.
-
-    Raises:
-        ValueError: naming the file: missing, not a ``torch.save`` archive (truncated, or another kind of file),
-            unreadable, or not a checkpoint (no ``state_dict``: a plain or timm state dict goes to ``--model.weights``).
-    """
-    path = Path(path)
-    expected = "expected a .ckpt written by `vit-ct fit`"
-    if path.is_dir():
-        found = sorted(path.rglob("*.ckpt"), key=lambda p: (p.name != "last.ckpt", len(p.parts)))
-        hint = f" (it holds {found[0].relative_to(path)}: pass that file)" if found else ""
-        raise ValueError(f"checkpoint {path} is a folder; {expected}{hint}")
-    if not path.is_file():
-        raise ValueError(f"checkpoint {path} does not exist; {expected}")
-    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; a truncated copy loses its central directory
-        raise ValueError(
-            f"checkpoint {path} is not a torch.save archive (truncated, or another kind of file); {expected}"
-        )
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as err:  # torch raises several types for corrupt or unsafe files
-        raise ValueError(f"cannot read checkpoint {path}: {err}") from err
-    if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("state_dict"), dict):
-        raise ValueError(
-            f"checkpoint {path} holds no `state_dict`: {expected} (a plain or timm state dict of the network goes to"
-            " --model.weights)"
-        )
-    return checkpoint
 
 
 def read_wandb_run_id(path: str | Path) -> str | None:

@@ -1,70 +1,54 @@
-"""A command's data follows the checkpoint it names: ``validate`` / ``test`` / ``predict`` / a resumed ``fit`` with
-``--ckpt_path``, and ``fit --model.weights`` with a vit-ct checkpoint, prepare slices as the weights were trained on
-(:class:`~vit_ct.data.contract.InputContract`), and the network is the checkpoint's. A config that says otherwise is
-overruled in one line each, never a crash and never a silent resize to another model.
+"""A command's data follows the weights it names: every subcommand with ``--ckpt_path``, ``--model.weights`` holding a
+vit-ct checkpoint or ``--model.pretrained vit-ct/<name>`` prepares slices as the weights were trained on
+(:class:`~vit_ct.data.contract.InputContract`, answered by :func:`vit_ct.model.weights_input.weights_input`, as for
+Python), and the network is the weights'. A config that says otherwise is overruled in one line each, never a crash
+and never a silent resize to another model.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from jsonargparse import Namespace
 
-from vit_ct.data.contract import CHECKPOINT_KEY, InputContract, describe_window
+from vit_ct.data.contract import describe_window
 from vit_ct.data.windows import parse_windows
-from vit_ct.model import shipped
-from vit_ct.run.checkpoint import read_checkpoint
+from vit_ct.model.weights_input import WeightsInput, weights_input
 
 # Hyper-parameters that shape the network: `fit --model.weights` builds it as the weights' checkpoint did.
 ARCHITECTURE = ("arch", "patch_size", "stem", "embed_dim", "depth", "num_heads", "reg_tokens", "mask_air")
-# values of --ckpt_path that Lightning resolves itself (not files)
-SPECIAL_CKPT_PATHS = ("best", "last", "hpc", "registry")
 
 
-def checkpoint_to_follow(config: Namespace, subcommand: str) -> tuple[Path, dict, str] | None:
-    """``(path, checkpoint, kind)`` of the vit-ct checkpoint the command's data must follow, ``kind`` being
-    ``ckpt_path`` or ``weights`` (``--model.weights``, or weights shipped with vit-ct in ``--model.pretrained``, whose
-    card stands for the checkpoint); None when the command names none (a timm state dict or a timm tag has no input
-    contract: it is adapted to the data instead)."""
-    ckpt_path = config.get("ckpt_path")
-    if ckpt_path and str(ckpt_path).split(":")[0] not in SPECIAL_CKPT_PATHS and "://" not in str(ckpt_path):
-        return Path(ckpt_path), read_checkpoint(ckpt_path), "ckpt_path"
+def weights_to_follow(config: Namespace) -> WeightsInput | None:
+    """How the weights one subcommand's ``config`` names see their input (``--ckpt_path`` first, then
+    ``--model.weights`` / ``--model.pretrained``); None when it names none that knows (a timm tag or state dict is
+    adapted to the data instead)."""
     model = config.get("model") or Namespace()
-    weights, pretrained = model.get("weights"), model.get("pretrained")
-    if subcommand == "fit" and shipped.is_shipped(pretrained):  # its card says what a checkpoint would
-        card = shipped.card(pretrained)
-        return Path(pretrained), {CHECKPOINT_KEY: card["input"], "hyper_parameters": card["architecture"]}, "weights"
-    if subcommand == "fit" and weights:
-        try:
-            checkpoint = read_checkpoint(weights)
-        except ValueError:  # not a vit-ct checkpoint: ViTClassifier reads it as a state dict, or names what is wrong
-            return None
-        if "arch" in (checkpoint.get("hyper_parameters") or {}):
-            return Path(weights), checkpoint, "weights"
-    return None
+    return weights_input(
+        ckpt_path=config.get("ckpt_path"), weights=model.get("weights"), pretrained=model.get("pretrained")
+    )
 
 
-def follow_checkpoint(config: Namespace, subcommand: str, *, command_line: Sequence[str] = ()) -> list[str]:
-    """Set the data (and, for ``--model.weights``, the network) of one subcommand's ``config`` to what the checkpoint
-    it names was trained with; returns one line per value changed, saying what was used and why.
+def follow_checkpoint(config: Namespace, *, command_line: Sequence[str] = ()) -> list[str]:
+    """Set the data (and, for start weights, the network) of one subcommand's ``config`` to what the weights it names
+    were trained with; returns one line per value changed, saying what was used and why.
 
-    With ``fit --model.weights``, an input size or window list typed on the command line (``--data.init_args.img_size
-    256``) is kept: the weights are then adapted to it (position embeddings interpolated, the stem's first
-    convolution adapted to other channels), and the line says so. A config file's value gives way to the weights'.
+    With start weights (``--model.weights``, ``--model.pretrained``), an input size or window list typed on the
+    command line (``--data.init_args.img_size 256``) is kept: the weights are then adapted to it (position embeddings
+    interpolated, the stem's first convolution adapted to other channels), and the line says so. A config file's value
+    gives way to the weights'.
 
     Raises:
         ValueError: the checkpoint predates recorded inputs and the configured windows do not match its channels.
     """
-    found = checkpoint_to_follow(config, subcommand)
+    found = weights_to_follow(config)
     data = (config.get("data") or Namespace()).get("init_args")
     if found is None or data is None:
         return []
-    path, checkpoint, kind = found
-    contract = InputContract.from_checkpoint(checkpoint)
-    source = "shipped weights" if shipped.is_shipped(str(path)) else "checkpoint"
+    path, kind, contract, hparams = found
+    source = found.source
     lines = []
     model = config.get("model")
     if kind == "ckpt_path" and model is not None:  # start weights of a config (finetune.yaml's shipped ones) give way
@@ -74,7 +58,6 @@ def follow_checkpoint(config: Namespace, subcommand: str, *, command_line: Seque
                              f" weights; the config said {model.get(name)!r})")  # fmt: skip
                 model[name] = None
     if kind == "weights":
-        hparams = checkpoint["hyper_parameters"]
         for name in ARCHITECTURE:
             value = hparams.get(name, False if name == "mask_air" else None)  # before mask_air: every patch a key
             said = config.model.get(name)

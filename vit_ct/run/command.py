@@ -27,8 +27,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from vit_ct.data.datamodule import CTSliceDataModule
+from vit_ct.model.weights_input import is_checkpoint_file
 from vit_ct.run.checkpoint import AtomicCheckpointIO, BestAndLastCheckpoint, read_checkpoint, read_wandb_run_id
-from vit_ct.run.checkpoint_input import SPECIAL_CKPT_PATHS, follow_checkpoint
+from vit_ct.run.checkpoint_input import follow_checkpoint
 from vit_ct.run.compat import missing_required, model_summary_depth, subcommand_defaults, summarise_parser_error
 from vit_ct.run.console import DEBUG
 from vit_ct.run.hardware import accelerator_name, describe_machine, resolve_precision
@@ -139,7 +140,7 @@ class VitCTCLI(LightningCLI):
         config = self.config.get(self.subcommand) if self.subcommand else self.config
         if self.subcommand:  # (a CLI built to run nothing may leave the data unset)
             _refuse_data_without_slices(config)
-        for line in follow_checkpoint(config, self.subcommand or "fit", command_line=self.command_line):
+        for line in follow_checkpoint(config, command_line=self.command_line):
             rank_zero_info(line)
         self._resolve_precision(config)
         self._continue_wandb_run(config)
@@ -159,8 +160,8 @@ class VitCTCLI(LightningCLI):
         foreign file is named with what was expected, where torch would raise an error without the file's name."""
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
-        if ckpt_path and str(ckpt_path).split(":")[0] not in SPECIAL_CKPT_PATHS and "://" not in str(ckpt_path):
-            read_checkpoint(ckpt_path)
+        if is_checkpoint_file(ckpt_path):
+            read_checkpoint(ckpt_path)  # kept while unchanged: the one read a command makes of it
         super()._parse_ckpt_path()
 
     def _predict_without_default_logger(self, config: Namespace) -> None:

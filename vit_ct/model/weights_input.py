@@ -1,0 +1,160 @@
+"""How named weights see their input: one answer for every command and for Python, as timm's ``pretrained_cfg`` is
+for a timm tag. The weights are a vit-ct checkpoint (``--ckpt_path``, or ``--model.weights`` when it is one) or weights
+shipped with vit-ct (``--model.pretrained vit-ct/<name>``, whose card stands for the checkpoint); the answer is their
+:class:`~vit_ct.data.contract.InputContract` (input size, windows, read options) and the hyper-parameters of the
+network they fill. A timm tag or a plain state dict has no answer (None): it is adapted to the data instead.
+
+``fit``, ``validate``, ``test``, ``predict`` (:mod:`vit_ct.run.checkpoint_input`), the review and
+``ViTClassifier(weights=..., pretrained=...)`` all ask :func:`weights_input`, so that one question never gets two
+answers by path.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import zipfile
+from pathlib import Path
+from typing import Any, Literal, NamedTuple
+
+import torch
+from lightning.pytorch.utilities import rank_zero_warn
+
+from vit_ct.data.contract import DEFAULT_IMG_SIZE, DEFAULT_WINDOWS, InputContract
+from vit_ct.model import shipped
+
+# values of --ckpt_path that Lightning resolves itself (not files)
+SPECIAL_CKPT_PATHS = ("best", "last", "hpc", "registry")
+
+
+class WeightsInput(NamedTuple):
+    """How named weights see their input.
+
+    Attributes:
+        path: The weights as the user named them (a file, or ``vit-ct/<name>``).
+        kind: ``ckpt_path`` (the command's checkpoint: the network and its weights are the checkpoint's) or
+            ``weights`` (start weights: ``--model.weights`` / ``--model.pretrained``).
+        contract: What the weights expect.
+        architecture: The hyper-parameters of the network they fill (a checkpoint's ``hyper_parameters``; a shipped
+            card's ``architecture``).
+    """
+
+    path: str
+    kind: Literal["ckpt_path", "weights"]
+    contract: InputContract
+    architecture: dict[str, Any]
+
+    @property
+    def source(self) -> str:
+        """How messages name them: ``shipped weights`` or ``checkpoint``."""
+        return "shipped weights" if shipped.is_shipped(self.path) else "checkpoint"
+
+
+def is_checkpoint_file(ckpt_path: Any) -> bool:
+    """Whether a ``--ckpt_path`` value names a file (not ``best`` / ``last`` / ... nor a URL, which Lightning
+    resolves)."""
+    text = str(ckpt_path or "")
+    return bool(text) and text.split(":")[0] not in SPECIAL_CKPT_PATHS and "://" not in text
+
+
+def weights_input(
+    *, ckpt_path: str | os.PathLike | None = None, weights: str | None = None, pretrained: str | None = None
+) -> WeightsInput | None:
+    """How the weights a command or a model names see their input: ``ckpt_path`` first (the weights a command
+    evaluates or resumes), else ``weights`` when it is a vit-ct checkpoint, else shipped ``pretrained`` weights; None
+    for a timm tag, a plain state dict or no weights.
+
+    Raises:
+        ValueError: ``ckpt_path`` is not a readable vit-ct checkpoint, or ``pretrained`` names shipped weights that do
+            not exist (each naming the file or tag).
+    """
+    if is_checkpoint_file(ckpt_path):
+        checkpoint = read_checkpoint(ckpt_path)
+        return WeightsInput(str(ckpt_path), "ckpt_path", InputContract.from_checkpoint(checkpoint),
+                            dict(checkpoint.get("hyper_parameters") or {}))  # fmt: skip
+    if shipped.is_shipped(pretrained):
+        card = shipped.card(pretrained)
+        return WeightsInput(pretrained, "weights", InputContract.from_dict(card["input"]), dict(card["architecture"]))
+    if weights:
+        try:
+            checkpoint = read_checkpoint(weights)
+        except ValueError:  # not a vit-ct checkpoint: read as a state dict, or named as wrong where it is loaded
+            return None
+        hparams = checkpoint.get("hyper_parameters") or {}
+        if "arch" in hparams:
+            return WeightsInput(str(weights), "weights", InputContract.from_checkpoint(checkpoint), dict(hparams))
+    return None
+
+
+def model_input(
+    seen: WeightsInput | None, *, img_size: int | None, in_chans: int | None, patch_size: int
+) -> InputContract:
+    """How a model built with ``img_size`` and ``in_chans`` from weights that see as ``seen`` sees its input: the
+    weights' own contract where the arguments leave a value to them (None) or agree with it; else the arguments', said
+    in one warning (their position embeddings resampled, their first convolution adapted, their windows no longer
+    known). Without weights that know their input, a None takes the data module's default (192 x 192, 2 windows).
+    """
+    if seen is None:
+        return InputContract(
+            DEFAULT_IMG_SIZE if img_size is None else img_size,
+            patch_size,
+            len(DEFAULT_WINDOWS) if in_chans is None else in_chans,
+        )
+    theirs = seen.contract
+    size = theirs.img_size if img_size is None else img_size
+    channels = theirs.in_chans if in_chans is None else in_chans
+    if (size, channels) == (theirs.img_size, theirs.in_chans):
+        return theirs
+    changed = []
+    if size != theirs.img_size:
+        changed.append(f"their position embeddings are resampled from {theirs.img_size} x {theirs.img_size}")
+    if channels != theirs.in_chans:
+        changed.append(f"their first convolution is adapted from {theirs.in_chans} channels, their windows unknown")
+    rank_zero_warn(
+        f"{seen.path} was trained on {theirs.describe()}; built for {channels} channel(s) at {size} x {size},"
+        f" {' and '.join(changed)} (img_size={theirs.img_size}, in_chans={theirs.in_chans} use them as trained)"
+    )
+    return InputContract(size, patch_size, channels)
+
+
+def read_checkpoint(path: str | Path) -> dict[str, Any]:
+    """A Lightning checkpoint's contents, tensors memory-mapped (only the small pickle is read) and no code executed.
+    The last file read is kept while it is unchanged on disk, so that a command asking about it several times (its
+    input, its W&B run, whether it is readable) opens it once.
+
+    Raises:
+        ValueError: naming the file: missing, not a ``torch.save`` archive (truncated, or another kind of file),
+            unreadable, or not a checkpoint (no ``state_dict``: a plain or timm state dict goes to ``--model.weights``).
+    """
+    path = Path(path)
+    expected = "expected a .ckpt written by `vit-ct fit`"
+    if path.is_dir():
+        found = sorted(path.rglob("*.ckpt"), key=lambda p: (p.name != "last.ckpt", len(p.parts)))
+        hint = f" (it holds {found[0].relative_to(path)}: pass that file)" if found else ""
+        raise ValueError(f"checkpoint {path} is a folder; {expected}{hint}")
+    if not path.is_file():
+        raise ValueError(f"checkpoint {path} does not exist; {expected}")
+    stat = path.stat()
+    checkpoint = _read_checkpoint(path.resolve(), stat.st_mtime_ns, stat.st_size, str(path))
+    # the caller's own dicts (a caller may edit them), the tensors shared
+    return {key: dict(value) if isinstance(value, dict) else value for key, value in checkpoint.items()}
+
+
+@functools.lru_cache(maxsize=1)
+def _read_checkpoint(path: Path, mtime_ns: int, size: int, shown: str) -> dict[str, Any]:
+    """:func:`read_checkpoint` of one version of a file (the cache key is its path, time and size)."""
+    expected = "expected a .ckpt written by `vit-ct fit`"
+    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; a truncated copy loses its central directory
+        raise ValueError(
+            f"checkpoint {shown} is not a torch.save archive (truncated, or another kind of file); {expected}"
+        )
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as err:  # torch raises several types for corrupt or unsafe files
+        raise ValueError(f"cannot read checkpoint {shown}: {err}") from err
+    if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("state_dict"), dict):
+        raise ValueError(
+            f"checkpoint {shown} holds no `state_dict`: {expected} (a plain or timm state dict of the network goes to"
+            " --model.weights)"
+        )
+    return checkpoint
