@@ -17,6 +17,7 @@ from matplotlib.figure import Figure
 from PIL import Image
 
 from vit_ct import ViTClassifier, review
+from vit_ct.data.slice_dataset import slice_item
 from vit_ct.explain.localisation import LocalisationMetrics, scores_per_slice
 from vit_ct.predict.writer import PredictionWriter
 from vit_ct.review import figures as review_figures
@@ -196,6 +197,44 @@ def test_run_review_matches_vit_ct_predict(tiny, synthetic_set, tmp_path):
         hu, mask = review.case_images(row)
         assert heat.shape == hu.shape == (row["rows"], row["cols"]) and (mask is None or mask.shape == hu.shape)
     assert list(table["group"]) == list(review.outcome(table))
+
+
+def test_the_review_reads_the_slices_the_data_module_reads(tiny, tmp_path):
+    """Frame 0 and frame 2 of a volume, a single-slice file without a frame, all in a folder whose name holds a '#':
+    the review table, its case images and a predict run opened for review read the slices the data module reads."""
+    model, _, _ = tiny
+    folder = tmp_path / "scans#1"  # a '#' is part of the folder's name, never a frame
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    volume = (rng.normal(40, 20, (48, 48, 3)) + [0, 300, 600]).astype(np.float32)  # (rows, cols, slices) in HU
+    masks = np.zeros((48, 48, 3), dtype=np.uint8)
+    masks[10:20, 10:20, 0], masks[25:35, 20:30, 2] = 1, 1
+    single = rng.normal(-500, 20, (48, 48)).astype(np.float32)
+    for name, array in {"volume": volume, "masks": masks, "single": single, "single_mask": masks[..., 2]}.items():
+        np.save(folder / f"{name}.npy", array)
+    (folder / "manifest.csv").write_text(
+        "image,label,patient_id,split,mask,slice\n"
+        "volume.npy,1,p0,test,masks.npy,0\nvolume.npy,1,p0,test,masks.npy,2\nsingle.npy,1,p1,test,single_mask.npy,\n"
+    )
+    expected = [(volume[..., 0], masks[..., 0]), (volume[..., 2], masks[..., 2]), (single, masks[..., 2])]
+    data = review.review_datamodule(model, folder / "manifest.csv", split="test", batch_size=3, config=WINDOWS)
+    table = review.run_review(model, data, progress=False)
+    assert table["frame"].iloc[:2].tolist() == [0, 2] and pd.isna(table["frame"].iloc[2])
+    dataset = data.datasets["test"]
+    for index, (hu, mask) in enumerate(expected):
+        item = slice_item(hu, mask, label=dataset.labels[index], index=index, windows=data.windows, img_size=32)
+        loaded = dataset.load(index)
+        for key in ("image", "mask"):
+            np.testing.assert_allclose(loaded[key], item[key], atol=1e-6)
+    out = tmp_path / "out"
+    trainer = Trainer(accelerator="cpu", logger=False, callbacks=[PredictionWriter(out)], enable_progress_bar=False,
+                      enable_model_summary=False)  # fmt: skip
+    trainer.predict(model, datamodule=data, return_predictions=False)
+    run = review.open_predict_run(out)
+    for (_, row), (_, written), (hu, mask) in zip(table.iterrows(), run.slices.iterrows(), expected, strict=True):
+        for read in (review.case_images(row, table.attrs["read_options"]), run.images(written)):
+            np.testing.assert_array_equal(read[0], hu)
+            np.testing.assert_array_equal(read[1], mask)
 
 
 def test_localisation_matches_the_models_test_metrics(tiny, synthetic_set):
