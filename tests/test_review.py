@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from lightning import Trainer
+from conftest import quiet_trainer
 from matplotlib.figure import Figure
 from PIL import Image
 
@@ -180,13 +180,7 @@ def tiny(synthetic_set):
 def test_run_review_matches_vit_ct_predict(tiny, synthetic_set, tmp_path):
     model, _, table = tiny
     data = review.review_datamodule(model, synthetic_set, split="test", batch_size=2, config=WINDOWS)
-    trainer = Trainer(
-        accelerator="cpu",
-        logger=False,
-        callbacks=[PredictionWriter(tmp_path)],
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = quiet_trainer(callbacks=[PredictionWriter(tmp_path)])
     trainer.predict(model, datamodule=data, return_predictions=False)
     written = pd.read_csv(tmp_path / "predictions.csv")
     assert list(table["image"]) == list(written["image"]) and list(table["label"]) == list(written["label"])
@@ -227,9 +221,7 @@ def test_the_review_reads_the_slices_the_data_module_reads(tiny, tmp_path):
         for key in ("image", "mask"):
             np.testing.assert_allclose(loaded[key], item[key], atol=1e-6)
     out = tmp_path / "out"
-    trainer = Trainer(accelerator="cpu", logger=False, callbacks=[PredictionWriter(out)], enable_progress_bar=False,
-                      enable_model_summary=False)  # fmt: skip
-    trainer.predict(model, datamodule=data, return_predictions=False)
+    quiet_trainer(callbacks=[PredictionWriter(out)]).predict(model, datamodule=data, return_predictions=False)
     run = review.open_predict_run(out)
     for (_, row), (_, written), (hu, mask) in zip(table.iterrows(), run.slices.iterrows(), expected, strict=True):
         for read in (review.case_images(row, table.attrs["read_options"]), run.images(written)):
@@ -240,7 +232,7 @@ def test_the_review_reads_the_slices_the_data_module_reads(tiny, tmp_path):
 def test_localisation_matches_the_models_test_metrics(tiny, synthetic_set):
     model, _, table = tiny
     data = review.review_datamodule(model, synthetic_set, split="test", batch_size=2, config=WINDOWS)
-    trainer = Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = quiet_trainer()
     (logged,) = trainer.test(model, datamodule=data, verbose=False)
     summary = review.localisation_summary(table)
     assert summary is not None and summary.loc["rollout", "slices"] == logged["test/rollout_slices"] > 0
@@ -378,9 +370,7 @@ def predict_run(tiny, synthetic_set, tmp_path_factory):
     model, _, _ = tiny
     out = tmp_path_factory.mktemp("predict") / "out"
     data = review.review_datamodule(model, synthetic_set, split="test", batch_size=3, config=WINDOWS)
-    trainer = Trainer(accelerator="cpu", logger=False, callbacks=[PredictionWriter(out)], enable_progress_bar=False,
-                      enable_model_summary=False)  # fmt: skip
-    trainer.predict(model, datamodule=data, return_predictions=False)
+    quiet_trainer(callbacks=[PredictionWriter(out)]).predict(model, datamodule=data, return_predictions=False)
     return review.open_predict_run(out)
 
 
