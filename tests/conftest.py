@@ -34,6 +34,21 @@ def run_vit_ct(*args: str, cwd: Path) -> None:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
 
 
+def quiet_trainer(**overrides):
+    """A Lightning ``Trainer`` for a test in this process: on CPU, with no logger, checkpoint callback, progress bar or
+    model summary; ``overrides`` are what the test sets itself (epochs, batches, callbacks, or any of these back on)."""
+    import lightning as L  # here, not at the top: most test files never build a Trainer
+
+    settings = {
+        "accelerator": "cpu",
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+    }
+    return L.Trainer(**{**settings, **overrides})
+
+
 def load_benchmark(name: str):
     """``benchmarks/<name>.py`` as a module (benchmarks are scripts, not a package), registered in ``sys.modules``
     while it executes: dataclasses look their module up there."""

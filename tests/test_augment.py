@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import quiet_trainer
 
 from vit_ct.data.augment import BatchAugmentation, adjust_contrast, affine_grid, warp, windowed_noise
 from vit_ct.data.datamodule import CTSliceDataModule
@@ -159,10 +160,7 @@ class _Recorder(L.LightningModule):
 def test_data_module_augments_training_batches_only_as_plain_tensors(synthetic_set, augment):
     data = CTSliceDataModule(str(synthetic_set), img_size=32, batch_size=4, num_workers=0, augment=augment)
     model = _Recorder()
-    trainer = L.Trainer(
-        max_steps=2, limit_val_batches=1, num_sanity_val_steps=0, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
-    )  # fmt: skip
+    trainer = quiet_trainer(max_steps=2, limit_val_batches=1, num_sanity_val_steps=0)
     trainer.fit(model, datamodule=data)
     for split, batches in model.seen.items():
         dataset = data.datasets[split]

@@ -3,11 +3,11 @@
 import json
 from pathlib import Path
 
-import lightning as L
 import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import quiet_trainer
 from lightning.pytorch.loggers import WandbLogger
 from PIL import Image
 
@@ -45,18 +45,14 @@ def _fit_and_test(manifest, logger, callback):
     torch.manual_seed(0)
     data = CTSliceDataModule(str(manifest), img_size=32, batch_size=4, num_workers=0, augment=False)
     model = ViTClassifier(img_size=32, embed_dim=32, depth=2, num_heads=2)
-    trainer = L.Trainer(
+    trainer = quiet_trainer(
         max_epochs=1,
         limit_train_batches=1,
         limit_val_batches=1,
         limit_test_batches=1,
         num_sanity_val_steps=0,
-        accelerator="cpu",
         logger=logger,
         callbacks=[callback],
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
     )
     trainer.fit(model, datamodule=data)
     fit_metrics = dict(trainer.callback_metrics)

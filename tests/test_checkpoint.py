@@ -13,6 +13,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+from conftest import quiet_trainer
 from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import EMAWeightAveraging
 from npy_manifest import manifest_args, write_npy_manifest
@@ -49,7 +50,7 @@ class StallAtStep(Callback):
 
 def _tiny_checkpoint(path: Path) -> dict:
     model = ViTClassifier(**TINY)
-    trainer = L.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    trainer = quiet_trainer()
     trainer.strategy.connect(model)
     trainer.save_checkpoint(path)
     return torch.load(path, weights_only=True)
@@ -162,8 +163,8 @@ def test_ema_callback_saves_the_average_weights(tmp_path):
     torch.manual_seed(0)
     data = CTSliceDataModule(str(manifest), windows="brain", img_size=32, batch_size=2, num_workers=0)
     record, decay = RecordWeights(), 0.5
-    trainer = L.Trainer(
-        max_epochs=1, logger=False, enable_progress_bar=False, limit_val_batches=0, default_root_dir=tmp_path,
+    trainer = quiet_trainer(
+        max_epochs=1, limit_val_batches=0, default_root_dir=tmp_path, enable_checkpointing=True,
         callbacks=[EMAWeightAveraging(decay=decay), record],
     )  # fmt: skip
     trainer.fit(ViTClassifier(**TINY), datamodule=data)

@@ -13,13 +13,12 @@ import sys
 import time
 from pathlib import Path
 
-import lightning as L
 import nibabel as nib
 import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import load_benchmark
+from conftest import load_benchmark, quiet_trainer
 from npy_manifest import DEMO, MANIFEST, manifest_args, write_npy_manifest
 from wandb_records import history_and_config
 
@@ -202,7 +201,7 @@ def test_test_and_validate_print_their_figures_once(tmp_path, capsys, monkeypatc
     users.write_text("# the user's own\n")
     manifest = write_npy_manifest(tmp_path / "data", train=2, val=2)
     checkpoint = tmp_path / "model.ckpt"
-    trainer = L.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    trainer = quiet_trainer()
     trainer.strategy.connect(ViTClassifier(embed_dim=32, depth=2, num_heads=2, img_size=32, in_chans=1))
     trainer.save_checkpoint(checkpoint)
     for subcommand, stage in (("test", "test"), ("validate", "val")):

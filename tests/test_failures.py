@@ -10,11 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import lightning as L
 import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import quiet_trainer
 from lightning.pytorch import Callback
 from npy_manifest import BEST_BY_VAL_AUROC, manifest_args, write_npy_manifest
 from sklearn.metrics import roc_auc_score
@@ -47,7 +47,7 @@ class FailAtBatch(Callback):
 def _checkpoint(path: Path) -> Path:
     """A tiny model's checkpoint, as `vit-ct fit` writes it (in_chans 1: the brain window of manifest_args)."""
     torch.manual_seed(0)
-    trainer = L.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    trainer = quiet_trainer()
     trainer.strategy.connect(ViTClassifier(**TINY))
     trainer.save_checkpoint(path)
     return path

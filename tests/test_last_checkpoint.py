@@ -11,6 +11,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+from conftest import quiet_trainer
 from lightning.pytorch import Callback
 from lightning.pytorch.demos.boring_classes import BoringModel
 
@@ -64,10 +65,9 @@ def fit(folder: Path, scores: list[float], *, save_top_k: int = 1, max_epochs: i
     )  # fmt: skip
     probe = LastProbe(folder)
     model = ScriptedScore(scores)
-    trainer = L.Trainer(
-        max_epochs=max_epochs, limit_train_batches=BATCHES_PER_EPOCH, logger=False, enable_progress_bar=False,
-        enable_model_summary=False, callbacks=[checkpoint, probe], plugins=[AtomicCheckpointIO()],
-        **{"limit_val_batches": 1, **trainer_kwargs},
+    trainer = quiet_trainer(
+        max_epochs=max_epochs, limit_train_batches=BATCHES_PER_EPOCH, enable_checkpointing=True,
+        callbacks=[checkpoint, probe], plugins=[AtomicCheckpointIO()], **{"limit_val_batches": 1, **trainer_kwargs},
     )  # fmt: skip
     trainer.fit(model, ckpt_path=ckpt_path)
     return trainer, checkpoint, probe, model
@@ -147,7 +147,7 @@ def test_the_lightning_internals_vit_ct_relies_on_still_exist():
     # ResumeState: the fit loop's pending loader state, applied at on_train_start so that a resumed epoch continues
     # the interrupted data order (Lightning 2.6 restores it only for loaders built after the restore).
     assert callable(getattr(_FitLoop, "_load_combined_loader_states", None))
-    trainer = L.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = quiet_trainer()
     assert hasattr(trainer.fit_loop, "_combined_loader_states_to_load")
     # VitCTCLI.instantiate_trainer: the user's --trainer.plugins, read from the instantiated config.
     assert callable(getattr(LightningCLI, "_get", None))

@@ -7,11 +7,11 @@ from __future__ import annotations
 import math
 import warnings
 
-import lightning as L
 import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import quiet_trainer
 from npy_manifest import write_npy_manifest
 from pydicom.data import get_testdata_file
 
@@ -92,7 +92,7 @@ def test_without_a_spacing_the_tolerance_and_hd95_are_in_source_pixels():
 
 def _validated(manifest, model):
     data = CTSliceDataModule(str(manifest), img_size=32, batch_size=4, num_workers=0, augment=False, windows="brain")
-    trainer = L.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = quiet_trainer()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         (logged,) = trainer.validate(model, datamodule=data, verbose=False)
@@ -129,8 +129,7 @@ def test_predictions_name_the_distance_they_measured(tmp_path):
             _with_spacing(manifest, spacing)
         data = CTSliceDataModule(str(manifest), img_size=32, batch_size=2, num_workers=0, windows="brain",
                                  predict_split="test")  # fmt: skip
-        trainer = L.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False,
-                            callbacks=[PredictionWriter(tmp_path / name)])  # fmt: skip
+        trainer = quiet_trainer(callbacks=[PredictionWriter(tmp_path / name)])
         trainer.predict(model, datamodule=data, return_predictions=False)
         written[name] = pd.read_csv(tmp_path / name / "predictions.csv")
     pixels, mm = written["pixels"], written["mm"]

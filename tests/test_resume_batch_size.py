@@ -8,6 +8,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+from conftest import quiet_trainer
 from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import ModelCheckpoint
 from npy_manifest import write_npy_manifest
@@ -42,10 +43,9 @@ def _fit(folder: Path, manifest: Path, batch_size: int, *, epochs: int, ckpt: Pa
     saving = [BestAndLastCheckpoint(dirpath=folder, monitor=None, save_last=True)]
     if steps:
         saving.append(ModelCheckpoint(dirpath=folder, every_n_train_steps=2, save_top_k=-1, filename="{step}"))
-    trainer = L.Trainer(
-        max_epochs=epochs, logger=False, enable_progress_bar=False, enable_model_summary=False,
-        default_root_dir=folder, callbacks=[seen, ResumeState(), *saving],
-    )  # fmt: skip
+    trainer = quiet_trainer(
+        max_epochs=epochs, default_root_dir=folder, enable_checkpointing=True, callbacks=[seen, ResumeState(), *saving]
+    )
     data = CTSliceDataModule(str(manifest), windows="brain", img_size=32, batch_size=batch_size, num_workers=0)
     trainer.fit(ViTClassifier(**TINY), datamodule=data, ckpt_path=ckpt)
     return trainer, seen

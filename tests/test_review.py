@@ -12,11 +12,12 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from lightning import Trainer
+from conftest import quiet_trainer
 from matplotlib.figure import Figure
 from PIL import Image
 
 from vit_ct import ViTClassifier, review
+from vit_ct.data.slice_dataset import slice_item
 from vit_ct.explain.localisation import LocalisationMetrics, scores_per_slice
 from vit_ct.predict.writer import PredictionWriter
 from vit_ct.review import figures as review_figures
@@ -179,13 +180,7 @@ def tiny(synthetic_set):
 def test_run_review_matches_vit_ct_predict(tiny, synthetic_set, tmp_path):
     model, _, table = tiny
     data = review.review_datamodule(model, synthetic_set, split="test", batch_size=2, config=WINDOWS)
-    trainer = Trainer(
-        accelerator="cpu",
-        logger=False,
-        callbacks=[PredictionWriter(tmp_path)],
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = quiet_trainer(callbacks=[PredictionWriter(tmp_path)])
     trainer.predict(model, datamodule=data, return_predictions=False)
     written = pd.read_csv(tmp_path / "predictions.csv")
     assert list(table["image"]) == list(written["image"]) and list(table["label"]) == list(written["label"])
@@ -198,10 +193,46 @@ def test_run_review_matches_vit_ct_predict(tiny, synthetic_set, tmp_path):
     assert list(table["group"]) == list(review.outcome(table))
 
 
+def test_the_review_reads_the_slices_the_data_module_reads(tiny, tmp_path):
+    """Frame 0 and frame 2 of a volume, a single-slice file without a frame, all in a folder whose name holds a '#':
+    the review table, its case images and a predict run opened for review read the slices the data module reads."""
+    model, _, _ = tiny
+    folder = tmp_path / "scans#1"  # a '#' is part of the folder's name, never a frame
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    volume = (rng.normal(40, 20, (48, 48, 3)) + [0, 300, 600]).astype(np.float32)  # (rows, cols, slices) in HU
+    masks = np.zeros((48, 48, 3), dtype=np.uint8)
+    masks[10:20, 10:20, 0], masks[25:35, 20:30, 2] = 1, 1
+    single = rng.normal(-500, 20, (48, 48)).astype(np.float32)
+    for name, array in {"volume": volume, "masks": masks, "single": single, "single_mask": masks[..., 2]}.items():
+        np.save(folder / f"{name}.npy", array)
+    (folder / "manifest.csv").write_text(
+        "image,label,patient_id,split,mask,slice\n"
+        "volume.npy,1,p0,test,masks.npy,0\nvolume.npy,1,p0,test,masks.npy,2\nsingle.npy,1,p1,test,single_mask.npy,\n"
+    )
+    expected = [(volume[..., 0], masks[..., 0]), (volume[..., 2], masks[..., 2]), (single, masks[..., 2])]
+    data = review.review_datamodule(model, folder / "manifest.csv", split="test", batch_size=3, config=WINDOWS)
+    table = review.run_review(model, data, progress=False)
+    assert table["frame"].iloc[:2].tolist() == [0, 2] and pd.isna(table["frame"].iloc[2])
+    dataset = data.datasets["test"]
+    for index, (hu, mask) in enumerate(expected):
+        item = slice_item(hu, mask, label=dataset.labels[index], index=index, windows=data.windows, img_size=32)
+        loaded = dataset.load(index)
+        for key in ("image", "mask"):
+            np.testing.assert_allclose(loaded[key], item[key], atol=1e-6)
+    out = tmp_path / "out"
+    quiet_trainer(callbacks=[PredictionWriter(out)]).predict(model, datamodule=data, return_predictions=False)
+    run = review.open_predict_run(out)
+    for (_, row), (_, written), (hu, mask) in zip(table.iterrows(), run.slices.iterrows(), expected, strict=True):
+        for read in (review.case_images(row, table.attrs["read_options"]), run.images(written)):
+            np.testing.assert_array_equal(read[0], hu)
+            np.testing.assert_array_equal(read[1], mask)
+
+
 def test_localisation_matches_the_models_test_metrics(tiny, synthetic_set):
     model, _, table = tiny
     data = review.review_datamodule(model, synthetic_set, split="test", batch_size=2, config=WINDOWS)
-    trainer = Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = quiet_trainer()
     (logged,) = trainer.test(model, datamodule=data, verbose=False)
     summary = review.localisation_summary(table)
     assert summary is not None and summary.loc["rollout", "slices"] == logged["test/rollout_slices"] > 0
@@ -339,9 +370,7 @@ def predict_run(tiny, synthetic_set, tmp_path_factory):
     model, _, _ = tiny
     out = tmp_path_factory.mktemp("predict") / "out"
     data = review.review_datamodule(model, synthetic_set, split="test", batch_size=3, config=WINDOWS)
-    trainer = Trainer(accelerator="cpu", logger=False, callbacks=[PredictionWriter(out)], enable_progress_bar=False,
-                      enable_model_summary=False)  # fmt: skip
-    trainer.predict(model, datamodule=data, return_predictions=False)
+    quiet_trainer(callbacks=[PredictionWriter(out)]).predict(model, datamodule=data, return_predictions=False)
     return review.open_predict_run(out)
 
 

@@ -3,10 +3,10 @@ MONAI reference, drawn per slice, reproducible, and reaching the model's batches
 
 from __future__ import annotations
 
-import lightning as L
 import numpy as np
 import pytest
 import torch
+from conftest import quiet_trainer
 from monai.transforms import GaussianSmooth
 from test_augment import _Recorder
 
@@ -93,10 +93,7 @@ def test_data_module_augments_training_batches_in_hu_before_the_windows(syntheti
     data = CTSliceDataModule(str(synthetic_set), img_size=32, batch_size=4, num_workers=0, augment=False,
                              scanner_augment=True, cache=cache, cache_dir=str(tmp_path))  # fmt: skip
     model = _Recorder()
-    trainer = L.Trainer(
-        max_steps=3, limit_val_batches=1, num_sanity_val_steps=0, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
-    )  # fmt: skip
+    trainer = quiet_trainer(max_steps=3, limit_val_batches=1, num_sanity_val_steps=0)
     trainer.fit(model, datamodule=data)
     changed = []
     for split, batches in model.seen.items():

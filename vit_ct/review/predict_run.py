@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from vit_ct.data.manifest import manifest_frame
 from vit_ct.data.reader import load_ct_slice, load_mask
 from vit_ct.metrics.scans import lesion_probability
 
@@ -50,7 +51,7 @@ class PredictRun:
     def images(self, row: pd.Series) -> tuple[np.ndarray, np.ndarray | None]:
         """The slice in HU and its lesion mask (None without one), read again from its files."""
         options = (self.info.get("input") or {}).get("read_options") or {}
-        frame = None if pd.isna(row.get("slice", np.nan)) else int(row["slice"])
+        frame = manifest_frame(row)
         hu = load_ct_slice(row["image_path"], frame=frame, **options)
         mask = row.get("mask_path")
         return hu, (load_mask(mask, frame=frame) if isinstance(mask, str) and mask else None)

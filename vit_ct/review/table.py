@@ -10,6 +10,7 @@ import torch
 from vit_ct.data.datamodule import CTSliceDataModule
 from vit_ct.data.grid import to_source_grid
 from vit_ct.data.labels import lesion_label
+from vit_ct.data.manifest import frame_number, manifest_frame
 from vit_ct.data.reader import load_ct_slice, load_mask
 from vit_ct.explain.localisation import MAP_SOURCES, SCORES, localisation_maps, scores_per_slice
 from vit_ct.explain.sink import sink_per_slice
@@ -63,7 +64,7 @@ def run_review(
                     "image_path": row["image"],
                     "scan": row[scan_key] if scan_key else None,
                     "mask_path": mask if isinstance(mask, str) and mask else None,
-                    "frame": None if pd.isna(row.get("slice", pd.NA)) else int(row["slice"]),
+                    "frame": manifest_frame(row),
                     "label": pd.NA if label < 0 else label,
                     "prob": float(prob[i]),
                     "rows": int(batch["source_shape"][i, 0]),
@@ -93,7 +94,7 @@ def source_map(row: pd.Series, column: str = "rollout") -> np.ndarray:
 def case_images(row: pd.Series, read_options: dict | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """The source slice in HU and its lesion mask (None without one), read with ``read_options`` (of
     :func:`load_ct_slice`; the review table's ``attrs["read_options"]``, as the model's data module read it)."""
-    frame = None if pd.isna(row.get("frame")) else int(row["frame"])
+    frame = frame_number(row.get("frame"))
     hu = load_ct_slice(row["image_path"], frame=frame, **(read_options or {}))
     mask = load_mask(row["mask_path"], frame=frame) if isinstance(row.get("mask_path"), str) else None
     return hu, mask

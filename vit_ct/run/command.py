@@ -38,7 +38,13 @@ from vit_ct.run.model_summary import ModelSummaryTable
 from vit_ct.run.runs import BadFilesReport, run_dir, write_summary
 from vit_ct.run.summary import checkpoint_label, kept_checkpoint, metric_lines
 from vit_ct.run.threads import share_cores_with_children, use_threads
-from vit_ct.run.wandb_runs import drop_unset_anonymous, make_wandb_dirs, place_wandb_runs, wandb_dir
+from vit_ct.run.wandb_runs import (
+    configured_wandb_loggers,
+    drop_unset_anonymous,
+    make_wandb_dirs,
+    place_wandb_runs,
+    wandb_dir,
+)
 
 # predict's writers, given by the command that builds the CLI: (output_dir, overwrite, inputs) -> callbacks
 PredictionWriters = Callable[[str, bool, list], list[Callback]]
@@ -186,10 +192,8 @@ class VitCTCLI(LightningCLI):
         if self.subcommand != "fit" or not ckpt_path or not Path(ckpt_path).is_file():
             return
         run_id = read_wandb_run_id(ckpt_path)
-        loggers = config.trainer.logger if isinstance(config.trainer.logger, list) else [config.trainer.logger]
-        for logger in loggers:
-            is_wandb = isinstance(logger, Namespace) and str(logger.get("class_path", "")).endswith("WandbLogger")
-            if run_id and is_wandb and not logger.init_args.get("id") and not logger.init_args.get("version"):
+        for logger in configured_wandb_loggers(config):
+            if run_id and not logger.init_args.get("id") and not logger.init_args.get("version"):
                 logger.init_args.id = run_id
                 logger.dict_kwargs = {**(logger.get("dict_kwargs") or {}), "resume": "allow"}
 

@@ -31,13 +31,22 @@ def quiet_wandb_unless_configured() -> None:
         os.environ["WANDB_QUIET"] = "true"
 
 
+def configured_wandb_loggers(config: Namespace) -> list[Namespace]:
+    """The W&B loggers a parsed command names in ``--trainer.logger`` (one logger or a list), as ``class_path`` /
+    ``init_args`` namespaces still to be instantiated."""
+    loggers = config.trainer.logger if isinstance(config.trainer.logger, list) else [config.trainer.logger]
+    return [
+        logger
+        for logger in loggers
+        if isinstance(logger, Namespace) and str(logger.get("class_path", "")).endswith("WandbLogger")
+    ]
+
+
 def place_wandb_runs(config: Namespace) -> None:
     """A W&B logger without ``save_dir`` saves its run (and Lightning the checkpoints) under
     ``--trainer.default_root_dir``, else under ``runs/``; an explicit ``save_dir`` (or ``dir``) wins."""
-    loggers = config.trainer.logger if isinstance(config.trainer.logger, list) else [config.trainer.logger]
-    for logger in loggers:
-        is_wandb = isinstance(logger, Namespace) and str(logger.get("class_path", "")).endswith("WandbLogger")
-        if is_wandb and logger.init_args.get("save_dir") is None and logger.init_args.get("dir") is None:
+    for logger in configured_wandb_loggers(config):
+        if logger.init_args.get("save_dir") is None and logger.init_args.get("dir") is None:
             # absolute: W&B writes its files from another thread, which must not follow a later change of directory
             logger.init_args.save_dir = os.path.abspath(config.trainer.get("default_root_dir") or "runs")
 
