@@ -1,14 +1,13 @@
 """The outputs' schema, named once: the columns of ``predictions.csv`` and ``scans.csv`` and the keys of ``run.json``
 (what ``vit-ct predict`` writes), and the columns of the review's table. Writers and readers take the names from
-here; users' scripts read these files, so a name or an order changes only with the README."""
+here; users' scripts read these files, so a name or an order changes only with the README. Plain names, no torch:
+``python -m vit_ct.run.summary`` reads them and answers at once."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict
-
-from vit_ct.explain.localisation import SCORES, SURFACE_DISTANCE_SOURCES
 
 
 @dataclass(frozen=True)
@@ -43,9 +42,9 @@ class PredictionColumns:
     """Per block ``b`` (``cls_prefix_b<b>``, :meth:`block`): the class token's attention on the prefix tokens."""
     cls_air: str = "cls_air"
     """Per block ``b`` (``cls_air_b<b>``): the class token's attention on air patches."""
-    sources: tuple[str, ...] = SURFACE_DISTANCE_SOURCES
-    """The maps scored against the lesion, each score a column ``<source>_<score>`` (:meth:`score`): NaN on slices
-    without a known, non-empty lesion mask; HD95 in the unit some slice was measured in (``hd95_mm``, ``hd95_px``)."""
+    # then per map scored against the lesion (vit_ct.explain.localisation.SURFACE_DISTANCE_SOURCES: the rollout and
+    # its ceiling) each score as a column `<source>_<score>` (:meth:`score`): NaN on slices without a known, non-empty
+    # lesion mask; HD95 only in the unit some slice was measured in (`hd95_mm`, `hd95_px`)
 
     def probs(self, task: str, class_names: Sequence[str]) -> list[str]:
         """The probability columns: ``prob`` (binary), else one ``prob_<class>`` per output."""
@@ -73,12 +72,12 @@ class PredictionColumns:
         frame: bool,
         mask: bool,
         blocks: int | None,
-        scored: bool,
-        distances: Sequence[str] = ("hd95_mm",),
+        sources: Sequence[str] = (),
+        scores: Sequence[str] = (),
     ) -> list[str]:
         """The columns of a run whose slices all have the same kinds of values: ``labels`` known, a ``scan``, a
-        ``frame`` (``slice``), a ``mask``, the sink over ``blocks`` (None: no head mask), localisation ``scored``
-        with HD95 in the units ``distances``."""
+        ``frame`` (``slice``), a ``mask``, the sink over ``blocks`` (None: no head mask), and the ``scores`` of the
+        map ``sources`` scored against the lesion (none without a mask)."""
         names = [self.image, *self.probs(task, class_names)]
         if labels:
             names += self.labels(class_names) if task == "multilabel" else [self.label]
@@ -87,10 +86,7 @@ class PredictionColumns:
         if blocks is not None:
             names += [self.rollout_air, self.rollout_outside_head]
             names += [self.block(name, b) for name in (self.cls_prefix, self.cls_air) for b in range(blocks)]
-        if scored:
-            kept = [s for s in SCORES if not s.startswith("hd95") or s in distances]
-            names += [self.score(source, s) for source in self.sources for s in kept]
-        return names
+        return names + [self.score(source, score) for source in sources for score in scores]
 
 
 @dataclass(frozen=True)
