@@ -4,6 +4,7 @@ figures, browser and export."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 from pathlib import Path
@@ -18,7 +19,14 @@ from PIL import Image
 
 from vit_ct import ViTClassifier, review
 from vit_ct.data.slice_dataset import slice_item
-from vit_ct.explain.localisation import LocalisationMetrics, scores_per_slice
+from vit_ct.explain.localisation import (
+    MAP_SOURCES,
+    SCORES,
+    SURFACE_DISTANCE_SOURCES,
+    LocalisationMetrics,
+    scores_per_slice,
+)
+from vit_ct.metrics.schema import PREDICTIONS, REVIEW
 from vit_ct.predict.writer import PredictionWriter
 from vit_ct.review import figures as review_figures
 
@@ -438,3 +446,27 @@ def test_the_notebooks_scan_cell_keeps_a_reviewer_named_like_a_path_in_the_revie
     assert pd.read_csv(written)["reviewer"].tolist() == ["dr/smith"]
     exec(cells["verdicts"], namespace)
     assert shown[-1]["cases"] == 1 and shown[-1]["pointing"] == 1.0
+
+
+def test_predict_and_the_review_write_the_schemas_columns_with_the_same_values(tiny, predict_run):
+    """One pass (vit_ct.model.inference.infer) behind both: predictions.csv's header is the schema's, the review
+    table's too, and every value the two share is the same to the last bit, slice by slice."""
+    model, _, table = tiny
+    written = pd.read_csv(predict_run.folder / PREDICTIONS.file, float_precision="round_trip")
+    blocks = model.hparams.depth
+    kept = [s for s in SCORES if s != "hd95_px"]  # every synthetic slice has a pixel spacing: HD95 in mm only
+    assert list(written.columns) == PREDICTIONS.header(
+        task="binary", class_names=model.class_names, labels=True, scan=True, frame=False, mask=True, blocks=blocks,
+        sources=SURFACE_DISTANCE_SOURCES, scores=kept,
+    )  # fmt: skip
+    scores = [PREDICTIONS.score(source, s) for source in MAP_SOURCES for s in SCORES]
+    shares = [PREDICTIONS.rollout_air, PREDICTIONS.rollout_outside_head]
+    assert list(table.columns) == [f.default for f in dataclasses.fields(REVIEW)] + shares + scores
+    assert list(written[PREDICTIONS.image]) == list(table[REVIEW.image])
+    assert np.array_equal(written[PREDICTIONS.prob].to_numpy(), table[REVIEW.prob].to_numpy())  # binary: P(lesion)
+    shared = shares + [PREDICTIONS.score(source, s) for source in SURFACE_DISTANCE_SOURCES for s in kept]
+    assert np.array_equal(written[shared].to_numpy(), table[shared].to_numpy(), equal_nan=True)
+    for name in (PREDICTIONS.cls_prefix, PREDICTIONS.cls_air):
+        columns = [PREDICTIONS.block(name, b) for b in range(blocks)]
+        assert np.array_equal(written[columns].to_numpy(), np.stack(table[name].to_numpy()))
+    assert written[shared].notna().any().all()  # the comparison covers scored slices, not only NaN

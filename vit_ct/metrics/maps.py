@@ -17,7 +17,6 @@ from vit_ct.explain.localisation import (
     LocalisationMetrics,
     localisation_maps,
     pixel_units_note,
-    scores_per_slice,
 )
 from vit_ct.explain.maps import Explained
 from vit_ct.explain.sink import SinkMetrics
@@ -95,10 +94,3 @@ def _in_their_units(scores: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     if pixels == slices:
         dropped |= {"hd95_mm", "hd95_slices"}
     return {name: value for name, value in scores.items() if name not in dropped}
-
-
-def slice_scores(batch: dict, rollout: torch.Tensor, *, tolerance_mm: float) -> dict[str, torch.Tensor]:
-    """Per slice, the rollout's and the perfect patch map's scores against the lesion (``rollout_dice``,
-    ``perfect_patch_hd95_mm``, ...; NaN without a known lesion mask), as ``vit-ct predict`` writes them."""
-    maps = localisation_maps(None, batch, rollout=rollout)
-    return scores_per_slice(maps, batch, tolerance_mm=tolerance_mm, sources=SURFACE_DISTANCE_SOURCES)

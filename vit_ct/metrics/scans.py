@@ -12,6 +12,8 @@ import pandas as pd
 import torch
 from torchmetrics.functional.classification import binary_auroc
 
+from vit_ct.metrics.schema import PREDICTIONS, SCANS
+
 Task = Literal["binary", "multiclass", "multilabel"]
 ANY = "any"  # the label of RSNA 2019 (and of any multi-label set that names one) that says "some lesion"
 
@@ -35,7 +37,8 @@ def lesion_scores(probs: torch.Tensor, task: Task, class_names: Sequence[str] | 
 
 def lesion_probability(predictions: pd.DataFrame, task: Task, class_names: Sequence[str]) -> pd.Series:
     """:func:`lesion_scores` of the rows of a ``predictions.csv`` (``prob``, or a ``prob_<name>`` column per output)."""
-    columns = "prob" if task == "binary" else [f"prob_{name}" for name in class_names]
+    columns = PREDICTIONS.probs(task, class_names)
+    columns = columns[0] if task == "binary" else columns
     probs = torch.from_numpy(np.array(predictions[columns], dtype=np.float64))  # a copy: pandas' arrays are read-only
     return pd.Series(lesion_scores(probs, task, class_names).numpy(), index=predictions.index)
 
@@ -58,29 +61,30 @@ def scan_summary(slices: pd.DataFrame, key: str) -> pd.DataFrame:
     negative, empty when a slice's label is unknown).
     """
     rows = []
-    for scan, group in slices.sort_values([key, "order"]).groupby(key, sort=False):
-        probs = group["p_lesion"].to_numpy(dtype=float)
+    for scan, group in slices.sort_values([key, SCANS.order]).groupby(key, sort=False):
+        probs = group[SCANS.p_lesion].to_numpy(dtype=float)
         peak = int(np.argmax(probs))
-        known = group["positive"].notna().all()
+        known = group[SCANS.positive].notna().all()
         rows.append(
             {
-                "scan": scan,
-                "n_slices": len(group),
-                "prob": float(probs[peak]),
-                "peak_slice": peak,
-                "peak_image": group["image"].iloc[peak],
-                "label": int(group["positive"].any()) if known else pd.NA,
-                "slice_probs": ";".join(f"{p:.4f}" for p in probs),
+                SCANS.scan: scan,
+                SCANS.n_slices: len(group),
+                SCANS.prob: float(probs[peak]),
+                SCANS.peak_slice: peak,
+                SCANS.peak_image: group[PREDICTIONS.image].iloc[peak],
+                SCANS.label: int(group[SCANS.positive].any()) if known else pd.NA,
+                SCANS.slice_probs: ";".join(f"{p:.4f}" for p in probs),
             }
         )
     table = pd.DataFrame(rows)
-    table["label"] = table["label"].astype("Int64")
+    table[SCANS.label] = table[SCANS.label].astype("Int64")
     return table
 
 
 def scan_auroc(scans: pd.DataFrame) -> float:
     """AUROC of the scans' probabilities against their labels (NaN without both classes)."""
-    known = scans[scans["label"].notna()]
-    if known["label"].nunique() < 2:
+    known = scans[scans[SCANS.label].notna()]
+    if known[SCANS.label].nunique() < 2:
         return float("nan")
-    return float(binary_auroc(torch.tensor(known["prob"].to_numpy(float)), torch.tensor(known["label"].to_numpy(int))))
+    probs, labels = known[SCANS.prob].to_numpy(float), known[SCANS.label].to_numpy(int)
+    return float(binary_auroc(torch.tensor(probs), torch.tensor(labels)))

@@ -21,10 +21,10 @@ from vit_ct.data.contract import CHECKPOINT_KEY as INPUT_CONTRACT
 from vit_ct.data.contract import InputContract
 from vit_ct.explain.attention import record_attention
 from vit_ct.explain.maps import Explained, explain_forward
-from vit_ct.explain.sink import sink_per_slice
 from vit_ct.metrics.classification import classification_metrics
-from vit_ct.metrics.maps import MapMetrics, slice_scores
+from vit_ct.metrics.maps import MapMetrics
 from vit_ct.model.hparams import check_hparams, predated_hparams
+from vit_ct.model.inference import Inference, infer
 from vit_ct.model.losses import Losses, PatchLosses, classification_loss
 from vit_ct.model.network import AirSkippingViT
 from vit_ct.model.optim import param_groups, warmup_cosine_schedule
@@ -384,14 +384,9 @@ class ViTClassifier(L.LightningModule):
         with torch.no_grad():
             return self._explained(lambda: self(image), image.shape)
 
-    def predict_step(self, batch: dict, batch_idx: int) -> dict[str, torch.Tensor]:
-        explained = self.explained(batch["image"])
-        out = {"prob": self.probabilities(explained.output), "rollout": explained.rollout, "index": batch["index"]}
-        if "head" in batch:  # the attention sink, per slice
-            out.update(sink_per_slice(explained.rollout, explained.class_attention, batch["head"], self.num_prefix))
-        if "has_mask" in batch and batch["has_mask"].any():  # the map against the lesion, per slice
-            out["scores"] = slice_scores(batch, explained.rollout, tolerance_mm=self.hparams.localisation_tolerance_mm)
-        return out
+    def predict_step(self, batch: dict, batch_idx: int) -> Inference:
+        """Probabilities, rollout, attention sink and localisation scores of each slice (:func:`infer`)."""
+        return infer(self, batch)
 
     def configure_optimizers(self):
         """AdamW with a per-step warm-up + cosine schedule, unless ``optimizer`` / ``scheduler`` replace them."""

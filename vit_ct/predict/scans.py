@@ -22,6 +22,7 @@ from vit_ct.data.windows import AIR_HU
 from vit_ct.explain.volume_views import render_orthogonal_views
 from vit_ct.files import atomic_write
 from vit_ct.metrics.scans import lesion_probability, scan_column, scan_summary
+from vit_ct.metrics.schema import PREDICTIONS, SCANS
 
 # ------------------------------------------------------------------------------------------------------- NIfTI
 
@@ -75,7 +76,7 @@ def prediction_labels(predictions: pd.DataFrame, pl_module) -> pd.Series:
     multi-label, ``label_<name>`` columns (written where known); <NA> where unknown."""
     if pl_module.task != "multilabel":
         return lesion_labels(predictions)
-    columns = [f"label_{name}" for name in pl_module.class_names]
+    columns = PREDICTIONS.labels(pl_module.class_names)
     return lesion_labels(predictions.reindex(columns=columns), columns)
 
 
@@ -110,19 +111,19 @@ class ScanResultsWriter(Callback):
         key = scan_column(table)
         if key is None:
             return
-        predictions = pd.read_csv(self.output_dir / "predictions.csv")
+        predictions = pd.read_csv(self.output_dir / PREDICTIONS.file)
         # predictions.csv lists the dataset's rows in order, one each
-        if len(predictions) != len(table) or list(predictions["image"]) != list(table["image_ref"]):
+        if len(predictions) != len(table) or list(predictions[PREDICTIONS.image]) != list(table["image_ref"]):
             raise RuntimeError("predictions.csv does not list the predicted slices in order")
         slices = pd.DataFrame(
             {
                 key: table[key].to_numpy(),
-                "image": table["image_ref"].to_numpy(),
+                PREDICTIONS.image: table["image_ref"].to_numpy(),
                 "path": table["image"].to_numpy(),
                 "frame": table["slice"].to_numpy() if "slice" in table.columns else None,
-                "rollout": predictions["rollout"].to_numpy(),
-                "p_lesion": lesion_probability(predictions, pl_module.task, pl_module.class_names).to_numpy(),
-                "positive": prediction_labels(predictions, pl_module).to_numpy(),
+                PREDICTIONS.rollout: predictions[PREDICTIONS.rollout].to_numpy(),
+                SCANS.p_lesion: lesion_probability(predictions, pl_module.task, pl_module.class_names).to_numpy(),
+                SCANS.positive: prediction_labels(predictions, pl_module).to_numpy(),
             }
         )
         known = {s.scan_id: s for s in getattr(datamodule, "found_scans", [])} if key == "scan" else {}
@@ -134,28 +135,29 @@ class ScanResultsWriter(Callback):
                 where = {(p, frame_number(f)): k for k, (p, f) in enumerate(zip(scan.images, scan.frames, strict=True))}
                 order = [where.get((p, frame_number(f))) for p, f in zip(group["path"], group["frame"], strict=True)]
             if None in order:
-                slices.loc[group.index, "order"] = range(len(group))  # manifest order; no volume
+                slices.loc[group.index, SCANS.order] = range(len(group))  # manifest order; no volume
                 continue
-            slices.loc[group.index, "order"] = order
+            slices.loc[group.index, SCANS.order] = order
             geometry[scan_id] = scan
         scans = scan_summary(slices, key)
-        scans["ct"], scans["rollout"], scans["views"] = None, None, None
+        scans[SCANS.ct], scans[SCANS.rollout], scans[SCANS.views] = None, None, None
         for i, row in scans.iterrows():
-            scan = geometry.get(row["scan"])
+            scan = geometry.get(row[SCANS.scan])
             if scan is None:
                 continue
-            group = slices[slices[key] == row["scan"]]
-            maps = {int(k): np.load(self.output_dir / r) for k, r in zip(group["order"], group["rollout"], strict=True)}
+            group = slices[slices[key] == row[SCANS.scan]]
+            files = zip(group[SCANS.order], group[PREDICTIONS.rollout], strict=True)
+            maps = {int(k): np.load(self.output_dir / r) for k, r in files}
             ct, rollout = scan_volumes(scan, maps, getattr(trainer.predict_dataloaders.dataset, "read_options", None))
-            stem = Path("scans") / str(row["scan"])
-            paths = {name: f"{stem}_{name}.nii.gz" for name in ("ct", "rollout")}
-            save_nifti(ct, scan.affine, self.output_dir / paths["ct"])
-            save_nifti(rollout, scan.affine, self.output_dir / paths["rollout"])
-            scans.loc[i, ["ct", "rollout"]] = paths["ct"], paths["rollout"]
+            stem = Path("scans") / str(row[SCANS.scan])
+            paths = {name: f"{stem}_{name}.nii.gz" for name in (SCANS.ct, SCANS.rollout)}
+            save_nifti(ct, scan.affine, self.output_dir / paths[SCANS.ct])
+            save_nifti(rollout, scan.affine, self.output_dir / paths[SCANS.rollout])
+            scans.loc[i, [SCANS.ct, SCANS.rollout]] = paths[SCANS.ct], paths[SCANS.rollout]
             if self.views:
-                path = f"{stem}_views.png"
-                render_orthogonal_views(ct, rollout, scan.affine, self.output_dir / path, title=str(row["scan"]))
-                scans.loc[i, "views"] = path
-            scans.loc[i, ["series_uid", "notes"]] = scan.series_uid, "; ".join(scan.notes)
-        with atomic_write(self.output_dir / "scans.csv") as tmp:
+                path = f"{stem}_{SCANS.views}.png"
+                render_orthogonal_views(ct, rollout, scan.affine, self.output_dir / path, title=str(row[SCANS.scan]))
+                scans.loc[i, SCANS.views] = path
+            scans.loc[i, [SCANS.series_uid, SCANS.notes]] = scan.series_uid, "; ".join(scan.notes)
+        with atomic_write(self.output_dir / SCANS.file) as tmp:
             scans.to_csv(tmp, index=False)

@@ -23,6 +23,8 @@ from vit_ct.data.reader import load_ct_slice, load_mask
 from vit_ct.explain.overlay import render_overlay, save_png
 from vit_ct.files import atomic_write, remove_leftovers
 from vit_ct.metrics.scans import scan_column
+from vit_ct.metrics.schema import PREDICTIONS, RUN_JSON, RunRecord
+from vit_ct.model.inference import Inference
 from vit_ct.run.interrupts import deferred_interrupts
 
 
@@ -39,31 +41,20 @@ def save_npy(array: np.ndarray, path: Path) -> None:
         np.save(f, array)
 
 
-def sink_columns(prediction: dict, i: int) -> dict[str, float]:
-    """Slice ``i``'s attention-sink columns: ``rollout_air``, ``rollout_outside_head``, and per block ``b``
-    ``cls_prefix_b{b}`` / ``cls_air_b{b}`` (see :mod:`vit_ct.explain.sink`); none when the batch had no head mask."""
-    shares = ("rollout_air", "rollout_outside_head")
-    columns = {name: float(prediction[name][i]) for name in shares if name in prediction}
-    for name in ("cls_prefix", "cls_air"):
-        if name in prediction:
-            columns.update({f"{name}_b{b}": float(v) for b, v in enumerate(prediction[name][i].tolist())})
-    return columns
-
-
-def run_record(trainer, pl_module) -> dict:
+def run_record(trainer, pl_module) -> RunRecord:
     """What ``OUT/run.json`` records: the checkpoint, how it saw its input, and where the slices' paths in
     ``predictions.csv`` are relative to (the manifest's folder), so that a review opens ``OUT`` without the model."""
     data = trainer.datamodule
     manifest = getattr(data, "manifest", None)
-    return {
-        "checkpoint": str(Path(trainer.ckpt_path).resolve()) if trainer.ckpt_path else None,
-        "manifest": str(Path(manifest).resolve()) if manifest else None,
-        "images_relative_to": str(Path(manifest).resolve().parent) if manifest else None,
-        "scans": getattr(data, "scans", None),
-        "input": pl_module.input_contract.to_dict() if pl_module.input_contract is not None else None,
-        "task": pl_module.task,
-        "class_names": list(pl_module.class_names),
-    }
+    return RunRecord(
+        checkpoint=str(Path(trainer.ckpt_path).resolve()) if trainer.ckpt_path else None,
+        manifest=str(Path(manifest).resolve()) if manifest else None,
+        images_relative_to=str(Path(manifest).resolve().parent) if manifest else None,
+        scans=getattr(data, "scans", None),
+        input=pl_module.input_contract.to_dict() if pl_module.input_contract is not None else None,
+        task=pl_module.task,
+        class_names=list(pl_module.class_names),
+    )
 
 
 def check_output_dir(output_dir: Path, *, overwrite: bool, inputs: Iterable[str | Path] = ()) -> None:
@@ -102,6 +93,33 @@ def unmeasured_distances(table: pd.DataFrame) -> list[str]:
     if table[pixels].isna().all().all():
         return pixels
     return [c for c in table.columns if c.endswith("_hd95_mm") and table[c].isna().all()]
+
+
+def prediction_row(
+    prediction: Inference, i: int, row: pd.Series, pl_module, *, files: dict[str, str], scan_key: str | None
+) -> dict:
+    """Slice ``i`` of a batch as a row of ``predictions.csv`` (:class:`vit_ct.metrics.schema.PredictionColumns`, in
+    its order), from the model's :class:`~vit_ct.model.inference.Inference`, the slice's manifest ``row`` (with the
+    dataset's ``image_ref``) and the ``files`` written for it (``rollout``, ``overlay``); with ``index``, the slice's
+    row in the dataset. ``scan_key``: the manifest's column naming the slice's scan, if any."""
+    record = {PREDICTIONS.index: int(prediction.index[i]), PREDICTIONS.image: row["image_ref"]}
+    record.update(prediction.probabilities(i, pl_module.class_names))
+    labels = pl_module.hparams.class_names if pl_module.task == "multilabel" else None
+    if labels:
+        known = {name: row[name] for name in labels if name in row and not pd.isna(row[name])}
+        record.update(zip(PREDICTIONS.labels(list(known)), map(int, known.values()), strict=True))
+    elif "label" in row and not pd.isna(row["label"]):
+        record[PREDICTIONS.label] = int(row["label"])
+    record.update(files)
+    if scan_key is not None:  # where the slice belongs, for a review of OUT without the model
+        record[PREDICTIONS.scan] = row[scan_key]
+    if manifest_frame(row) is not None:
+        record[PREDICTIONS.slice] = manifest_frame(row)
+    if isinstance(row.get("mask"), str):
+        record[PREDICTIONS.mask] = row.get("mask_ref", row["mask"])
+    record.update(prediction.sink_columns(i))
+    record.update(prediction.score_columns(i))
+    return record
 
 
 class PredictionWriter(BasePredictionWriter):
@@ -156,44 +174,23 @@ class PredictionWriter(BasePredictionWriter):
             check_output_dir(self.destination, overwrite=True, inputs=files)
 
     def write_on_batch_end(
-        self, trainer, pl_module, prediction, batch_indices, batch, batch_idx: int, dataloader_idx: int = 0
+        self, trainer, pl_module, prediction: Inference, batch_indices, batch, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
         dataset = trainer.predict_dataloaders.dataset
         table = dataset.table
-        names = pl_module.class_names
         scan_key = scan_column(table)
-        for i, index in enumerate(prediction["index"].tolist()):
+        for i, index in enumerate(prediction.index.tolist()):
             row = table.iloc[index]
             rows, cols = batch["source_shape"][i].tolist()
-            heat = to_source_grid(prediction["rollout"][i].float().cpu(), rows, cols).clamp_min(0).numpy()
+            heat = to_source_grid(prediction.rollout[i].float().cpu(), rows, cols).clamp_min(0).numpy()
             stem = f"{index:06d}_{_slug(row['image_ref'])}"
             map_path, overlay_path = Path("maps") / f"{stem}.npy", Path("overlays") / f"{stem}.png"
             save_npy(heat.astype(np.float32), self.output_dir / map_path)
             hu = load_ct_slice(row["image"], frame=manifest_frame(row), **dataset.read_options)
             mask = load_mask(row["mask"], frame=manifest_frame(row)) if isinstance(row.get("mask"), str) else None
             save_png(render_overlay(hu, heat, mask, window=self.window), self.output_dir / overlay_path)
-            record = {"index": index, "image": row["image_ref"]}
-            prob = prediction["prob"][i].float().cpu()
-            if prob.ndim == 0:
-                record["prob"] = float(prob)
-            else:
-                record.update({f"prob_{name}": float(p) for name, p in zip(names, prob.tolist(), strict=True)})
-            labels = pl_module.hparams.class_names if pl_module.task == "multilabel" else None
-            if labels:
-                known = {name: row[name] for name in labels if name in row and not pd.isna(row[name])}
-                record.update({f"label_{name}": int(value) for name, value in known.items()})
-            elif "label" in row and not pd.isna(row["label"]):
-                record["label"] = int(row["label"])
-            record.update({"rollout": map_path.as_posix(), "overlay": overlay_path.as_posix()})
-            if scan_key is not None:  # where the slice belongs, for a review of OUT without the model
-                record["scan"] = row[scan_key]
-            if manifest_frame(row) is not None:
-                record["slice"] = manifest_frame(row)
-            if mask is not None:
-                record["mask"] = row.get("mask_ref", row["mask"])
-            record.update(sink_columns(prediction, i))
-            record.update({name: float(values[i]) for name, values in prediction.get("scores", {}).items()})
-            self.rows.append(record)
+            files = {PREDICTIONS.rollout: map_path.as_posix(), PREDICTIONS.overlay: overlay_path.as_posix()}
+            self.rows.append(prediction_row(prediction, i, row, pl_module, files=files, scan_key=scan_key))
 
     def on_predict_epoch_end(self, trainer, pl_module) -> None:
         partial = self.output_dir / f".predictions.rank{trainer.global_rank}.csv"
@@ -204,11 +201,12 @@ class PredictionWriter(BasePredictionWriter):
             parts = [self.output_dir / f".predictions.rank{rank}.csv" for rank in range(trainer.world_size)]
             frames = [pd.read_csv(p) for p in parts if p.stat().st_size > 1]
             # A distributed sampler repeats a few slices to even out the ranks: keep each slice once.
-            table = pd.concat(frames).drop_duplicates("index").sort_values("index").drop(columns="index")
+            table = pd.concat(frames).drop_duplicates(PREDICTIONS.index).sort_values(PREDICTIONS.index)
+            table = table.drop(columns=PREDICTIONS.index)
             table = table.drop(columns=unmeasured_distances(table))
-            with atomic_write(self.output_dir / "predictions.csv") as tmp:
+            with atomic_write(self.output_dir / PREDICTIONS.file) as tmp:
                 table.to_csv(tmp, index=False)
-            with atomic_write(self.output_dir / "run.json") as tmp:  # where the slices are: the review reads them
+            with atomic_write(self.output_dir / RUN_JSON) as tmp:  # where the slices are: the review reads them
                 tmp.write_text(json.dumps(run_record(trainer, pl_module), indent=2) + "\n")
             for p in parts:
                 p.unlink()

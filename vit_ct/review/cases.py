@@ -20,6 +20,7 @@ from vit_ct.explain.occlusion import brain_baseline, occlusion_sensitivity
 from vit_ct.explain.rollout import last_block_attention, per_block_maps, per_head_maps
 from vit_ct.explain.sink import air_patches, class_token_shares
 from vit_ct.metrics.scans import lesion_scores
+from vit_ct.metrics.schema import PREDICTIONS, REVIEW
 from vit_ct.model import ViTClassifier
 from vit_ct.review.summaries import gallery
 from vit_ct.review.table import case_images, outcome
@@ -87,12 +88,12 @@ def case_maps(model: ViTClassifier, datamodule: CTSliceDataModule, row: pd.Serie
 def review_csv(table: pd.DataFrame) -> pd.DataFrame:
     """The table without its in-memory maps, for a CSV; the per-block sink shares as ``cls_prefix_b{i}`` and
     ``cls_air_b{i}`` columns, as in ``predictions.csv``."""
-    out = table.drop(columns=["rollout", "cls_prefix", "cls_air"], errors="ignore")
-    for name in ("cls_prefix", "cls_air"):
+    out = table.drop(columns=[REVIEW.rollout, REVIEW.cls_prefix, REVIEW.cls_air], errors="ignore")
+    for name in (REVIEW.cls_prefix, REVIEW.cls_air):
         if name in table and len(table):
             blocks = np.stack(table[name].to_numpy())  # (slices, blocks)
             for b in range(blocks.shape[1]):
-                out[f"{name}_b{b}"] = blocks[:, b]
+                out[PREDICTIONS.block(name, b)] = blocks[:, b]
     return out.reset_index()
 
 
@@ -110,10 +111,10 @@ def export_flagged(
     if flagged is None:
         rows = gallery(table, "FN", None, threshold=threshold)
     else:
-        missing = sorted(set(flagged) - set(table["image"]))
+        missing = sorted(set(flagged) - set(table[REVIEW.image]))
         if missing:
             raise ValueError(f"flagged cases {missing} are not among the {len(table)} reviewed slices")
-        rows = table[table["image"].isin(list(flagged))]
+        rows = table[table[REVIEW.image].isin(list(flagged))]
     rows = review_csv(rows.assign(group=outcome(rows, threshold)))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -15,6 +15,7 @@ from vit_ct.data.datamodule import CTSliceDataModule
 from vit_ct.data.windows import WINDOW_PRESETS, parse_windows
 from vit_ct.explain.overlay import render_overlay
 from vit_ct.files import atomic_write
+from vit_ct.metrics.schema import PREDICTIONS, REVIEW
 from vit_ct.model import ViTClassifier
 from vit_ct.progress import HEADLESS_ENV, headless_flag, in_jupyter_kernel  # noqa: F401  (review.figures.HEADLESS_ENV, as before)
 from vit_ct.review.cases import METHODS, CaseMaps, case_maps
@@ -36,11 +37,11 @@ def _window(window) -> tuple[float, float]:
 
 
 def _caption(row: pd.Series) -> str:
-    label = "?" if pd.isna(row["label"]) else int(row["label"])
-    text = f"p={row['prob']:.2f}  label {label}"
-    if not pd.isna(row.get("rollout_pointing", np.nan)):
-        ratio = row["rollout_energy"] / row["rollout_mask_fraction"]
-        text += f"\npointing {row['rollout_pointing']:.2f}  energy x{ratio:.1f}"
+    label = "?" if pd.isna(row[REVIEW.label]) else int(row[REVIEW.label])
+    text = f"p={row[REVIEW.prob]:.2f}  label {label}"
+    pointing, energy, fraction = (PREDICTIONS.score("rollout", s) for s in ("pointing", "energy", "mask_fraction"))
+    if not pd.isna(row.get(pointing, np.nan)):
+        text += f"\npointing {row[pointing]:.2f}  energy x{row[energy] / row[fraction]:.1f}"
     return text
 
 

@@ -16,6 +16,7 @@ import pandas as pd
 from vit_ct.data.manifest import manifest_frame
 from vit_ct.data.reader import load_ct_slice, load_mask
 from vit_ct.metrics.scans import lesion_probability
+from vit_ct.metrics.schema import PREDICTIONS, REVIEW, RUN_JSON, SCANS, RunRecord
 
 
 @dataclass
@@ -37,23 +38,23 @@ class PredictRun:
 
     def scan_slices(self, scan: str) -> pd.DataFrame:
         """The rows of one scan, in slice order."""
-        if "scan" not in self.slices:
-            raise ValueError(f"{self.folder / 'predictions.csv'} has no scan column: its slices belong to no scan")
-        rows = self.slices[self.slices["scan"].astype(str) == str(scan)]
+        if PREDICTIONS.scan not in self.slices:
+            raise ValueError(f"{self.folder / PREDICTIONS.file} has no scan column: its slices belong to no scan")
+        rows = self.slices[self.slices[PREDICTIONS.scan].astype(str) == str(scan)]
         if rows.empty:
-            raise ValueError(f"scan {scan!r} is not in {self.folder / 'predictions.csv'}")
-        return rows.sort_values("order", kind="stable")
+            raise ValueError(f"scan {scan!r} is not in {self.folder / PREDICTIONS.file}")
+        return rows.sort_values(SCANS.order, kind="stable")
 
     def rollout(self, row: pd.Series) -> np.ndarray:
         """The slice's rollout map (rows x columns of the slice)."""
-        return np.load(self.folder / row["rollout"])
+        return np.load(self.folder / row[PREDICTIONS.rollout])
 
     def images(self, row: pd.Series) -> tuple[np.ndarray, np.ndarray | None]:
         """The slice in HU and its lesion mask (None without one), read again from its files."""
         options = (self.info.get("input") or {}).get("read_options") or {}
         frame = manifest_frame(row)
-        hu = load_ct_slice(row["image_path"], frame=frame, **options)
-        mask = row.get("mask_path")
+        hu = load_ct_slice(row[REVIEW.image_path], frame=frame, **options)
+        mask = row.get(REVIEW.mask_path)
         return hu, (load_mask(mask, frame=frame) if isinstance(mask, str) and mask else None)
 
 
@@ -64,31 +65,32 @@ def open_predict_run(folder: str | os.PathLike) -> PredictRun:
         ValueError: ``folder`` holds no ``predictions.csv``, or a slice's file cannot be found (naming it).
     """
     folder = Path(folder).expanduser().resolve()
-    table = folder / "predictions.csv"
+    table = folder / PREDICTIONS.file
     if not table.is_file():
-        raise ValueError(f"{folder} is not a vit-ct predict output: it has no predictions.csv")
-    info = json.loads((folder / "run.json").read_text()) if (folder / "run.json").is_file() else {}
+        raise ValueError(f"{folder} is not a vit-ct predict output: it has no {PREDICTIONS.file}")
+    info: RunRecord | dict = json.loads((folder / RUN_JSON).read_text()) if (folder / RUN_JSON).is_file() else {}
     slices = pd.read_csv(table)
     base = Path(info["images_relative_to"]) if info.get("images_relative_to") else Path.cwd()
 
     def resolve(path):
         return path if not isinstance(path, str) or Path(path).is_absolute() else str(base / path)
 
-    slices["image_path"] = [resolve(p) for p in slices["image"]]
-    if "mask" in slices:
-        slices["mask_path"] = [resolve(p) for p in slices["mask"]]
-    missing = [p for p in slices["image_path"] if not Path(p).exists()]
+    slices[REVIEW.image_path] = [resolve(p) for p in slices[PREDICTIONS.image]]
+    if PREDICTIONS.mask in slices:
+        slices[REVIEW.mask_path] = [resolve(p) for p in slices[PREDICTIONS.mask]]
+    missing = [p for p in slices[REVIEW.image_path] if not Path(p).exists()]
     if missing:
         raise ValueError(
-            f"{folder / 'predictions.csv'}: {len(missing)} slices not found, e.g. {missing[0]} (paths relative to"
+            f"{table}: {len(missing)} slices not found, e.g. {missing[0]} (paths relative to"
             f" {base}); run the review where the manifest's paths resolve"
         )
     if "task" in info:
-        slices["p_lesion"] = lesion_probability(slices, info["task"], info["class_names"])
-    elif "prob" in slices:  # a binary run written before run.json existed
-        slices["p_lesion"] = slices["prob"].astype(float)
+        slices[SCANS.p_lesion] = lesion_probability(slices, info["task"], info["class_names"])
+    elif PREDICTIONS.prob in slices:  # a binary run written before run.json existed
+        slices[SCANS.p_lesion] = slices[PREDICTIONS.prob].astype(float)
     else:
         raise ValueError(f"{folder} has no run.json to say how its prob_<class> columns make P(lesion): predict again")
-    slices["order"] = slices.groupby("scan").cumcount() if "scan" in slices else np.arange(len(slices))
-    scans = pd.read_csv(folder / "scans.csv") if (folder / "scans.csv").is_file() else None
+    in_scan = slices.groupby(PREDICTIONS.scan).cumcount() if PREDICTIONS.scan in slices else np.arange(len(slices))
+    slices[SCANS.order] = in_scan
+    scans = pd.read_csv(folder / SCANS.file) if (folder / SCANS.file).is_file() else None
     return PredictRun(folder=folder, slices=slices, scans=scans, info=info)

@@ -13,6 +13,7 @@ from matplotlib.ticker import MaxNLocator
 
 from vit_ct.data.windows import WINDOW_PRESETS
 from vit_ct.explain.overlay import render_overlay
+from vit_ct.metrics.schema import PREDICTIONS, SCANS
 from vit_ct.review.figures import is_headless
 from vit_ct.review.predict_run import PredictRun
 from vit_ct.review.verdicts import LABEL_VERDICTS, MAP_VERDICTS, Verdicts
@@ -20,7 +21,7 @@ from vit_ct.review.verdicts import LABEL_VERDICTS, MAP_VERDICTS, Verdicts
 
 def peak_slice(slices: pd.DataFrame) -> int:
     """The position (in scan order) of the scan's most suspicious slice: the scan's probability is its."""
-    return int(np.argmax(slices["p_lesion"].to_numpy()))
+    return int(np.argmax(slices[SCANS.p_lesion].to_numpy()))
 
 
 def plot_scan(
@@ -43,10 +44,10 @@ def plot_scan(
     image_ax, curve_ax = fig.subplots(1, 2, width_ratios=[1, 1.25])
     image_ax.imshow(render_overlay(hu, heat, mask, window=WINDOW_PRESETS[window], alpha=alpha))
     image_ax.set_axis_off()
-    label = row.get("label", np.nan)
-    image_ax.set_title(f"{scan}: slice {position + 1}/{len(slices)}  P(lesion) {row['p_lesion']:.2f}"
+    label = row.get(PREDICTIONS.label, np.nan)
+    image_ax.set_title(f"{scan}: slice {position + 1}/{len(slices)}  P(lesion) {row[SCANS.p_lesion]:.2f}"
                        + ("" if pd.isna(label) else f"  label {int(label)}"), fontsize=9)  # fmt: skip
-    probs = slices["p_lesion"].to_numpy()
+    probs = slices[SCANS.p_lesion].to_numpy()
     curve_ax.plot(np.arange(1, len(probs) + 1), probs, marker="o", color="tab:blue", label="P(lesion) per slice")
     curve_ax.axhline(probs[peak], color="tab:red", linestyle="--", linewidth=1, label=f"scan {probs[peak]:.2f}")
     curve_ax.plot(peak + 1, probs[peak], marker="*", markersize=14, color="tab:red", linestyle="none", label="peak")
@@ -128,9 +129,10 @@ def scan_browser(
 
 def scans_by_probability(run: PredictRun) -> list[str]:
     """The run's scans, highest P(lesion) first (``scans.csv``'s, else each scan's peak slice's)."""
-    if run.scans is not None and {"scan", "prob"} <= set(run.scans.columns):
-        return run.scans.sort_values("prob", ascending=False, kind="stable")["scan"].astype(str).tolist()
-    if "scan" not in run.slices:
+    if run.scans is not None and {SCANS.scan, SCANS.prob} <= set(run.scans.columns):
+        ranked = run.scans.sort_values(SCANS.prob, ascending=False, kind="stable")
+        return ranked[SCANS.scan].astype(str).tolist()
+    if PREDICTIONS.scan not in run.slices:
         raise ValueError(f"{run.folder} has no scans: predict whole scans, or a manifest with a scan or patient_id")
-    peaks = run.slices.groupby("scan")["p_lesion"].max().sort_values(ascending=False, kind="stable")
+    peaks = run.slices.groupby(PREDICTIONS.scan)[SCANS.p_lesion].max().sort_values(ascending=False, kind="stable")
     return [str(s) for s in peaks.index]

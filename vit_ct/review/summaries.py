@@ -10,14 +10,16 @@ from torchmetrics.functional.classification import binary_auroc, binary_confusio
 
 from vit_ct.explain.localisation import MAP_SOURCES
 from vit_ct.metrics.scans import scan_auroc, scan_summary
+from vit_ct.metrics.schema import PREDICTIONS, REVIEW, SCANS
 from vit_ct.review.table import SCORES, outcome
 
 GROUPS = {"TP": "true positive", "FP": "false positive", "FN": "false negative", "TN": "true negative"}
 
 
 def _labelled(table: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    known = table["label"].notna().to_numpy()
-    return table["prob"].to_numpy(dtype=np.float64)[known], table["label"].to_numpy()[known].astype(np.int64)
+    known = table[REVIEW.label].notna().to_numpy()
+    prob, label = table[REVIEW.prob].to_numpy(dtype=np.float64), table[REVIEW.label].to_numpy()
+    return prob[known], label[known].astype(np.int64)
 
 
 def confusion(table: pd.DataFrame, threshold: float = 0.5) -> pd.DataFrame:
@@ -31,11 +33,12 @@ def confusion(table: pd.DataFrame, threshold: float = 0.5) -> pd.DataFrame:
 def scan_results(table: pd.DataFrame) -> pd.DataFrame | None:
     """One row per scan of the review table, as ``scans.csv`` of ``vit-ct predict``: ``prob`` the maximum over the
     scan's slices, ``label`` 1 when any slice has a lesion; None when the slices name no scan."""
-    if "scan" not in table.columns or table["scan"].isna().any():
+    if REVIEW.scan not in table.columns or table[REVIEW.scan].isna().any():
         return None
-    slices = table.reset_index().rename(columns={"index": "order", "prob": "p_lesion"})
-    slices["positive"] = (slices["label"] > 0).astype("boolean").where(slices["label"].notna())
-    return scan_summary(slices, "scan")
+    slices = table.reset_index().rename(columns={PREDICTIONS.index: SCANS.order, REVIEW.prob: SCANS.p_lesion})
+    label = slices[REVIEW.label]
+    slices[SCANS.positive] = (label > 0).astype("boolean").where(label.notna())
+    return scan_summary(slices, REVIEW.scan)
 
 
 def summary_metrics(table: pd.DataFrame, threshold: float = 0.5) -> pd.Series:
@@ -98,9 +101,10 @@ def sink_summary(table: pd.DataFrame) -> pd.DataFrame:
     (class token, registers) and on air patches; the table's ``attrs`` carry the mean ``rollout_air`` (share of
     the rollout on patches without a head pixel) and ``rollout_outside_head`` (on the slice grid)."""
     blocks = pd.DataFrame(
-        {name: np.stack(table[name].to_numpy()).mean(axis=0) for name in ("cls_prefix", "cls_air")}
+        {name: np.stack(table[name].to_numpy()).mean(axis=0) for name in (REVIEW.cls_prefix, REVIEW.cls_air)}
     ).rename_axis("block")
-    blocks.attrs = {name: float(table[name].mean()) for name in ("rollout_air", "rollout_outside_head")}
+    shares = (PREDICTIONS.rollout_air, PREDICTIONS.rollout_outside_head)
+    blocks.attrs = {name: float(table[name].mean()) for name in shares}
     return blocks
 
 
@@ -108,12 +112,12 @@ def localisation_summary(table: pd.DataFrame) -> pd.DataFrame | None:
     """Mean localisation scores per map source over the scored slices, as the model's ``test/{source}_{score}``
     (``energy_ratio`` = mean energy / mean mask fraction); None when no slice has a lesion mask. A score no source has
     (``hd95_px`` where every scored slice has a pixel spacing, ``hd95_mm`` where none has) is left out."""
-    scored = table["rollout_pointing"].notna()
+    scored = table[PREDICTIONS.score("rollout", "pointing")].notna()
     if not scored.any():
         return None
     rows = {}
     for source in MAP_SOURCES:
-        means = {name: table.loc[scored, f"{source}_{name}"].mean() for name in SCORES}
+        means = {name: table.loc[scored, PREDICTIONS.score(source, name)].mean() for name in SCORES}
         means["energy_ratio"] = means["energy"] / means["mask_fraction"]
         rows[source] = {**means, "slices": int(scored.sum())}
     return pd.DataFrame.from_dict(rows, orient="index").dropna(axis="columns", how="all")
@@ -126,7 +130,7 @@ def gallery(table: pd.DataFrame, group: str, n: int | None = 4, *, threshold: fl
     if group not in (*GROUPS, "unlabelled"):
         raise ValueError(f"group must be one of {[*GROUPS, 'unlabelled']}, got {group!r}")
     rows = table[outcome(table, threshold) == group]
-    rows = rows.sort_values("prob", ascending=group in ("FN", "TN"), kind="stable")
+    rows = rows.sort_values(REVIEW.prob, ascending=group in ("FN", "TN"), kind="stable")
     return rows if n is None else rows.head(n)
 
 
@@ -138,7 +142,7 @@ def review_order(table: pd.DataFrame, *, threshold: float = 0.5) -> pd.DataFrame
 def pick_case(table: pd.DataFrame, image: str | None = None, *, threshold: float = 0.5) -> pd.Series:
     """The row of ``image`` (as in the manifest); None: the most confident true positive, else the first slice."""
     if image is not None:
-        rows = table[table["image"] == image]
+        rows = table[table[REVIEW.image] == image]
         if rows.empty:
             raise ValueError(f"case {image!r} is not among the {len(table)} reviewed slices")
         return rows.iloc[0]

@@ -8,11 +8,12 @@ import json
 import sys
 from pathlib import Path
 
+from vit_ct.metrics.schema import PREDICTIONS, SCANS
 from vit_ct.run.console import counted
 
 LATEST_SUMMARY = Path("runs/latest/summary.json")  # from the project folder, where `make demo` runs
+MAP_SOURCES = ("rollout", "floor_image", "floor_head", "perfect_patch")  # explain.localisation's, without torch
 LOCALISATION = ("pointing", "energy", "mask_fraction", "energy_ratio", "pixel_auroc", "dice", "hd95_mm")
-MAP_SOURCES = ("rollout", "floor_image", "floor_head", "perfect_patch")  # the map, its floors, its ceiling
 # The figures of a stage, in the order a reader looks for them: the decision first, then the maps' scores (and
 # `slices`, the number of lesion slices they were scored on); every other figure follows on as few lines as it takes.
 HEADLINE = ("auroc", "accuracy", "sensitivity", "specificity", "f1", "scan_auroc", "loss")
@@ -90,14 +91,14 @@ def report(output_dir: str | Path, summary: dict) -> str:
         f"  run folder        {summary.get('run_dir')}  (config.yaml, summary.json)",
         f"  W&B run (offline) {summary.get('wandb_dir')}",
         f"  trained on        {summary.get('machine')}, precision {summary.get('precision')}",
-        f"  predictions       {output_dir / 'predictions.csv'}  (maps/*.npy, overlays/*.png)",
+        f"  predictions       {output_dir / PREDICTIONS.file}  (maps/*.npy, overlays/*.png)",
     ]
-    if (output_dir / "predictions.csv").is_file():
-        lines[-1] += f": {counted(len(pd.read_csv(output_dir / 'predictions.csv')), 'slice')}"
-    if (output_dir / "scans.csv").is_file():
-        n_scans = len(pd.read_csv(output_dir / "scans.csv"))
+    if (output_dir / PREDICTIONS.file).is_file():
+        lines[-1] += f": {counted(len(pd.read_csv(output_dir / PREDICTIONS.file)), 'slice')}"
+    if (output_dir / SCANS.file).is_file():
+        n_scans = len(pd.read_csv(output_dir / SCANS.file))
         nifti = "(scans/*_ct.nii.gz, *_rollout.nii.gz)"
-        lines.append(f"  scans             {output_dir / 'scans.csv'}  {nifti}: {counted(n_scans, 'scan')}")
+        lines.append(f"  scans             {output_dir / SCANS.file}  {nifti}: {counted(n_scans, 'scan')}")
     names = ("auroc", "accuracy", "sensitivity", "specificity", "scan_auroc")
     lines.append("  test  " + "  ".join(f"{n} {metrics[f'test/{n}']:.3f}" for n in names if f"test/{n}" in metrics))
     if "test/rollout_pointing" in metrics:
@@ -105,7 +106,7 @@ def report(output_dir: str | Path, summary: dict) -> str:
         tolerance = f"{tolerance:g} mm" if tolerance is not None else "see config.yaml"
         lines.append(f"  localisation on test slices with a lesion (pointing tolerance {tolerance}):")
         lines.append(f"    {'map':<14}" + "".join(f"{n:>15}" for n in LOCALISATION))
-        for source in ("rollout", "floor_image", "floor_head", "perfect_patch"):
+        for source in MAP_SOURCES:
             values = [metrics.get(f"test/{source}_{n}", float("nan")) for n in LOCALISATION]
             lines.append(f"    {source:<14}" + "".join(f"{v:>15.3f}" for v in values))
     if "test/rollout_air" in metrics:

@@ -1,0 +1,75 @@
+"""The one inference pass of vit-ct over a batch, which ``vit-ct predict`` and the review both run: probabilities, the
+attention rollout (arXiv:2005.00928), the attention sink and the rollout's scores against the lesion per slice, and a
+slice's values under the names of the output columns (:mod:`vit_ct.metrics.schema`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from vit_ct.explain.localisation import SURFACE_DISTANCE_SOURCES, localisation_maps, scores_per_slice
+from vit_ct.explain.maps import Explained
+from vit_ct.explain.sink import sink_per_slice
+from vit_ct.metrics.schema import PREDICTIONS
+
+
+@dataclass
+class Inference:
+    """What the model says about each slice of a batch."""
+
+    index: torch.Tensor  # (B,) the slices' rows in the dataset
+    prob: torch.Tensor  # (B,) P(lesion) when binary, else (B, num_classes); float32
+    rollout: torch.Tensor  # (B, grid_h, grid_w) float32, non-negative
+    class_attention: torch.Tensor  # (B, blocks, T): the class token's head-fused row per block
+    sink: dict[str, torch.Tensor]  # vit_ct.explain.sink.sink_per_slice; empty without a head mask
+    scores: dict[str, torch.Tensor]  # {source}_{score}: (B,) float64, NaN unscored; empty when no slice has a mask
+
+    def probabilities(self, i: int, class_names: Sequence[str]) -> dict[str, float]:
+        """Slice ``i``'s ``prob`` (binary) or ``prob_<class>`` columns."""
+        prob = self.prob[i].float().cpu()
+        if prob.ndim == 0:
+            return {PREDICTIONS.prob: float(prob)}
+        names = PREDICTIONS.probs("multiclass", class_names)
+        return dict(zip(names, prob.tolist(), strict=True))
+
+    def sink_columns(self, i: int) -> dict[str, float]:
+        """Slice ``i``'s attention-sink columns: ``rollout_air``, ``rollout_outside_head``, and per block ``b``
+        ``cls_prefix_b{b}`` / ``cls_air_b{b}``; none when the batch had no head mask."""
+        columns = {name: float(self.sink[name][i]) for name in self.shares if name in self.sink}
+        for name in (PREDICTIONS.cls_prefix, PREDICTIONS.cls_air):
+            if name in self.sink:
+                columns.update(
+                    {PREDICTIONS.block(name, b): float(v) for b, v in enumerate(self.sink[name][i].tolist())}
+                )
+        return columns
+
+    def score_columns(self, i: int) -> dict[str, float]:
+        """Slice ``i``'s localisation columns ``{source}_{score}``; none when no slice of the batch had a mask."""
+        return {name: float(values[i]) for name, values in self.scores.items()}
+
+    shares = (PREDICTIONS.rollout_air, PREDICTIONS.rollout_outside_head)  # the sink's per-slice shares
+
+
+def infer(model, batch: dict, *, sources: tuple[str, ...] = SURFACE_DISTANCE_SOURCES) -> Inference:
+    """Runs a :class:`vit_ct.ViTClassifier` (in eval mode) once over ``batch``, without gradients.
+
+    Args:
+        model: The classifier; its rollout settings and ``localisation_tolerance_mm`` apply.
+        batch: A :class:`vit_ct.CTBatch` on the model's device; the sink needs its ``head``, the localisation
+            scores its ``mask`` and ``has_mask``.
+        sources: The maps scored against the lesion (:data:`vit_ct.explain.localisation.MAP_SOURCES`); predict
+            scores the rollout and its ceiling, the review also the floors.
+    """
+    explained: Explained = model.explained(batch["image"])
+    rollout = explained.rollout
+    sink = {}
+    if "head" in batch:  # the attention sink, per slice
+        sink = sink_per_slice(rollout, explained.class_attention, batch["head"], model.num_prefix)
+    scores = {}
+    if "has_mask" in batch and batch["has_mask"].any():  # the map against the lesion, per slice
+        maps = localisation_maps(None, batch, rollout=rollout)
+        scores = scores_per_slice(maps, batch, tolerance_mm=model.hparams.localisation_tolerance_mm, sources=sources)
+    prob = model.probabilities(explained.output)
+    return Inference(batch["index"], prob, rollout, explained.class_attention, sink, scores)
