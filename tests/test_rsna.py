@@ -17,8 +17,8 @@ from pydicom.data import get_testdata_file
 from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian, generate_uid
 
+from vit_ct.data.io.reader import load_ct_slice
 from vit_ct.data.manifest import read_manifest
-from vit_ct.data.reader import load_ct_slice
 from vit_ct.data.rsna import RSNA_LABELS, build_rsna_manifest, main, read_rsna_labels
 from vit_ct.metrics.classification import WeightedLogLoss
 

@@ -21,9 +21,9 @@ from pydicom.data import get_testdata_file
 from vit_ct.data import slice_dataset
 from vit_ct.data.check_record import CheckRecord
 from vit_ct.data.datamodule import CTSliceDataModule
+from vit_ct.data.io.reader import load_ct_slice
 from vit_ct.data.manifest import manifest_frame, read_manifest, validate_manifest_files
 from vit_ct.data.model_input import HEAD_HU, apply_windows, grid_hu
-from vit_ct.data.reader import load_ct_slice
 from vit_ct.data.slice_cache import SliceCache
 from vit_ct.data.windows import parse_windows, stack_windows
 

@@ -25,6 +25,7 @@ from vit_ct.data.distributed import (
     decode_index,
     global_seed,
 )
+from vit_ct.data.io.scans import Scan, Skipped, find_scans, scan_table
 from vit_ct.data.manifest import (
     assign_splits,
     check_label_range,
@@ -33,7 +34,6 @@ from vit_ct.data.manifest import (
     write_bad_files,
 )
 from vit_ct.data.model_input import HEAD_HU, model_grid_spacing
-from vit_ct.data.scans import Scan, Skipped, find_scans, scan_table
 from vit_ct.data.slice_cache import SliceCache, cache_folder
 from vit_ct.data.slice_dataset import CTBatch, CTSliceDataset, collate, slice_item
 from vit_ct.data.slice_module import DEFAULT_IMG_SIZE, DEFAULT_WINDOWS, SliceDataModule, Window

@@ -13,9 +13,9 @@ import torch
 from torch.utils.data import Dataset, default_collate
 
 from vit_ct.data.distributed import decode_index
+from vit_ct.data.io.reader import load_ct_slice, load_mask, read_pixel_spacing
 from vit_ct.data.manifest import SPACING_COLUMN, manifest_frame
 from vit_ct.data.model_input import apply_windows, grid_hu, grid_mask, model_grid_spacing
-from vit_ct.data.reader import load_ct_slice, load_mask, read_pixel_spacing
 from vit_ct.data.scan_labels import scan_ids, scan_labels_tensor
 from vit_ct.data.slice_cache import SliceCache
 from vit_ct.progress import track
@@ -101,7 +101,7 @@ class CTSliceDataset(Dataset):
         label_columns: Multi-label columns; None reads ``label``.
         cache: Keep every preprocessed slice in memory after the first read; from ``store`` when given: its HU on
             the model grid, copied once, windowed as each batch is read.
-        read_options: Keyword arguments of :func:`~vit_ct.data.reader.load_ct_slice` (``modalities``,
+        read_options: Keyword arguments of :func:`~vit_ct.data.io.reader.load_ct_slice` (``modalities``,
             ``stored_values_are_hu``).
         store: Read the slices from this disk cache instead of their files (slot of each row in the table's
             ``cache_slot``); items then hold HU on the model grid, windowed later (``CTBatch``), but ``load`` still

@@ -38,7 +38,7 @@ class SliceDataModule(L.LightningDataModule):
         augment: Augment training batches where they land (:class:`~vit_ct.data.augment.BatchAugmentation`).
         scanner_augment: Before the windows, another scanner's kernel, dose and HU calibration on training batches
             (:class:`~vit_ct.data.scanner_augment.ScannerAugmentation`); the batches then travel in HU.
-        read_options: Options of :func:`~vit_ct.data.reader.load_ct_slice` (``modalities``,
+        read_options: Options of :func:`~vit_ct.data.io.reader.load_ct_slice` (``modalities``,
             ``stored_values_are_hu``), recorded in the input contract.
     """
 

@@ -14,10 +14,10 @@ import numpy as np
 import pandas as pd
 from lightning.pytorch.callbacks import Callback
 
+from vit_ct.data.io.reader import from_display, load_ct_slice
+from vit_ct.data.io.scans import Scan, find_scans, nifti_scan
 from vit_ct.data.labels import lesion_labels
 from vit_ct.data.manifest import frame_number
-from vit_ct.data.reader import from_display, load_ct_slice
-from vit_ct.data.scans import Scan, find_scans, nifti_scan
 from vit_ct.data.windows import AIR_HU
 from vit_ct.explain.volume_views import render_orthogonal_views
 from vit_ct.files import atomic_write

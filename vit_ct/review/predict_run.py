@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from vit_ct.data.reader import load_ct_slice, load_mask
+from vit_ct.data.io.reader import load_ct_slice, load_mask
 from vit_ct.metrics.scans import lesion_probability
 
 
