@@ -24,7 +24,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from vit_ct.data.datamodule import CTSliceDataModule, CTSliceDataset
-from vit_ct.data.windows import parse_windows
+from vit_ct.data.transforms.windows import parse_windows
 from vit_ct.explain.attention import patch_grid, record_attention
 from vit_ct.explain.localisation import LocalisationMetrics, localisation_maps, model_grid_spacing_mm
 from vit_ct.explain.maps import explain_gradient_rollout

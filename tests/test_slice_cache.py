@@ -23,9 +23,9 @@ from vit_ct.data.check_record import CheckRecord
 from vit_ct.data.datamodule import CTSliceDataModule
 from vit_ct.data.io.reader import load_ct_slice
 from vit_ct.data.manifest import manifest_frame, read_manifest, validate_manifest_files
-from vit_ct.data.model_input import HEAD_HU, apply_windows, grid_hu
 from vit_ct.data.slice_cache import SliceCache
-from vit_ct.data.windows import parse_windows, stack_windows
+from vit_ct.data.transforms.model_input import HEAD_HU, apply_windows, grid_hu
+from vit_ct.data.transforms.windows import parse_windows, stack_windows
 
 TESTS = Path(__file__).resolve().parent
 WINDOWS = ["brain", "subdural", "bone"]

@@ -19,9 +19,9 @@ _PUBLIC = {
     "CTSliceDataset": "vit_ct.data.datamodule",
     "load_ct_slice": "vit_ct.data.io.reader",
     "load_mask": "vit_ct.data.io.reader",
-    "WINDOW_PRESETS": "vit_ct.data.windows",
-    "stack_windows": "vit_ct.data.windows",
-    "window_hu": "vit_ct.data.windows",
+    "WINDOW_PRESETS": "vit_ct.data.transforms.windows",
+    "stack_windows": "vit_ct.data.transforms.windows",
+    "window_hu": "vit_ct.data.transforms.windows",
     "record_attention": "vit_ct.explain.attention",
     "attention_rollout": "vit_ct.explain.rollout",
     "gradient_rollout": "vit_ct.explain.rollout",
@@ -33,7 +33,7 @@ _PUBLIC = {
 if TYPE_CHECKING:  # what the names are, for type checkers and editors
     from vit_ct.data.datamodule import CTBatch, CTSliceDataModule, CTSliceDataset
     from vit_ct.data.io.reader import load_ct_slice, load_mask
-    from vit_ct.data.windows import WINDOW_PRESETS, stack_windows, window_hu
+    from vit_ct.data.transforms.windows import WINDOW_PRESETS, stack_windows, window_hu
     from vit_ct.explain.attention import record_attention
     from vit_ct.explain.rollout import attention_rollout, gradient_rollout, last_block_attention
     from vit_ct.model.classifier import ViTClassifier

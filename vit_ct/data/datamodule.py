@@ -33,11 +33,11 @@ from vit_ct.data.manifest import (
     validate_manifest_files,
     write_bad_files,
 )
-from vit_ct.data.model_input import HEAD_HU, model_grid_spacing
 from vit_ct.data.slice_cache import SliceCache, cache_folder
 from vit_ct.data.slice_dataset import CTBatch, CTSliceDataset, collate, slice_item
 from vit_ct.data.slice_module import DEFAULT_IMG_SIZE, DEFAULT_WINDOWS, SliceDataModule, Window
 from vit_ct.data.splits import SPLIT_FRACTIONS
+from vit_ct.data.transforms.model_input import HEAD_HU, model_grid_spacing
 
 # HEAD_HU, model_grid_spacing, CTBatch and slice_item lived here before; sim and saved code import them from here.
 __all__ = ["HEAD_HU", "CTBatch", "CTSliceDataModule", "CTSliceDataset", "model_grid_spacing", "slice_item"]
@@ -58,9 +58,9 @@ class CTSliceDataModule(SliceDataModule):
         batch_size: Slices per batch (per device under DDP).
         num_workers: DataLoader worker processes.
         augment: Random flips, rotations, scaling, shifts, noise and contrast on the training split, applied to whole
-            batches on the training device (:class:`~vit_ct.data.augment.BatchAugmentation`), after the cache.
+            batches on the training device (:class:`~vit_ct.data.transforms.augment.BatchAugmentation`), after the cache.
         scanner_augment: Also another scanner's reconstruction kernel, dose and HU calibration, in HU before the
-            windows (:class:`~vit_ct.data.scanner_augment.ScannerAugmentation`, MONAI's Gaussian filter), on the
+            windows (:class:`~vit_ct.data.transforms.scanner_augment.ScannerAugmentation`, MONAI's Gaussian filter), on the
             training split: for CT from scanners the training set does not have.
         cache: ``true`` (or ``memory``): keep preprocessed slices in memory (fast epochs for sets that fit): float32
             HU on the model grid, windowed as each batch is read, copied before the first epoch from what the

@@ -15,9 +15,9 @@ from torch.utils.data import Dataset, default_collate
 from vit_ct.data.distributed import decode_index
 from vit_ct.data.io.reader import load_ct_slice, load_mask, read_pixel_spacing
 from vit_ct.data.manifest import SPACING_COLUMN, manifest_frame
-from vit_ct.data.model_input import apply_windows, grid_hu, grid_mask, model_grid_spacing
 from vit_ct.data.scan_labels import scan_ids, scan_labels_tensor
 from vit_ct.data.slice_cache import SliceCache
+from vit_ct.data.transforms.model_input import apply_windows, grid_hu, grid_mask, model_grid_spacing
 from vit_ct.progress import track
 
 _FILL_CHUNK = 256  # slices copied at once when the in-memory cache is filled from the disk cache
@@ -60,7 +60,7 @@ def slice_item(
     pixel_spacing_mm: tuple[float, float] | None = None,
 ) -> dict:
     """One slice as a :class:`CTBatch` item (all keys but ``valid``) on the model grid; with ``windows`` None, its HU
-    (``hu``, windowed where the batch lands: :func:`~vit_ct.data.model_input.apply_windows`).
+    (``hu``, windowed where the batch lands: :func:`~vit_ct.data.transforms.model_input.apply_windows`).
 
     Args:
         hu: Slice ``(rows, cols)`` in HU.
@@ -241,7 +241,7 @@ class CTSliceDataset(Dataset):
 
     def _fill_spacing(self, batch: dict, rows: np.ndarray) -> None:
         """Where a batch from the disk cache has no pixel spacing (its slot's file carries none), the manifest's, on
-        the model grid (as :func:`~vit_ct.data.model_input.model_grid_spacing` scales it)."""
+        the model grid (as :func:`~vit_ct.data.transforms.model_input.model_grid_spacing` scales it)."""
         if self.given_spacing is None:
             return
         given = torch.from_numpy(self.given_spacing[rows]) * batch["source_shape"].amax(dim=1) / self.img_size

@@ -9,13 +9,13 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from vit_ct.data.augment import BatchAugmentation
-from vit_ct.data.contract import InputContract
 from vit_ct.data.distributed import MarkedPaddingSampler, global_seed
-from vit_ct.data.model_input import apply_windows
-from vit_ct.data.scanner_augment import ScannerAugmentation
 from vit_ct.data.slice_dataset import CTBatch
-from vit_ct.data.windows import parse_windows
+from vit_ct.data.transforms.augment import BatchAugmentation
+from vit_ct.data.transforms.contract import InputContract
+from vit_ct.data.transforms.model_input import apply_windows
+from vit_ct.data.transforms.scanner_augment import ScannerAugmentation
+from vit_ct.data.transforms.windows import parse_windows
 
 Window = str | tuple[float, float]
 # The default (demo) model's input: 12 x 12 patches of 1.2 mm pixels, brain and subdural windows (blood beside bone
@@ -35,9 +35,9 @@ class SliceDataModule(L.LightningDataModule):
         img_size: Side of the square model input.
         batch_size: Slices per batch (per device under DDP).
         num_workers: DataLoader worker processes.
-        augment: Augment training batches where they land (:class:`~vit_ct.data.augment.BatchAugmentation`).
+        augment: Augment training batches where they land (:class:`~vit_ct.data.transforms.augment.BatchAugmentation`).
         scanner_augment: Before the windows, another scanner's kernel, dose and HU calibration on training batches
-            (:class:`~vit_ct.data.scanner_augment.ScannerAugmentation`); the batches then travel in HU.
+            (:class:`~vit_ct.data.transforms.scanner_augment.ScannerAugmentation`); the batches then travel in HU.
         read_options: Options of :func:`~vit_ct.data.io.reader.load_ct_slice` (``modalities``,
             ``stored_values_are_hu``), recorded in the input contract.
     """

@@ -17,8 +17,8 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 
-from vit_ct.data.contract import CHECKPOINT_KEY as INPUT_CONTRACT
-from vit_ct.data.contract import InputContract
+from vit_ct.data.transforms.contract import CHECKPOINT_KEY as INPUT_CONTRACT
+from vit_ct.data.transforms.contract import InputContract
 from vit_ct.explain.attention import record_attention
 from vit_ct.explain.maps import Explained, explain_forward
 from vit_ct.explain.sink import sink_per_slice
@@ -247,7 +247,7 @@ class ViTClassifier(L.LightningModule):
         return super().load_from_checkpoint(checkpoint_path, **kwargs)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        """Records how the weights see their input (:class:`~vit_ct.data.contract.InputContract`): as the trainer's
+        """Records how the weights see their input (:class:`~vit_ct.data.transforms.contract.InputContract`): as the trainer's
         data module prepares slices now, else as the checkpoint the model came from did."""
         try:
             datamodule = self.trainer.datamodule

@@ -18,7 +18,7 @@ from vit_ct.data.io.reader import from_display, load_ct_slice
 from vit_ct.data.io.scans import Scan, find_scans, nifti_scan
 from vit_ct.data.labels import lesion_labels
 from vit_ct.data.manifest import frame_number
-from vit_ct.data.windows import AIR_HU
+from vit_ct.data.transforms.windows import AIR_HU
 from vit_ct.explain.volume_views import render_orthogonal_views
 from vit_ct.files import atomic_write
 from vit_ct.metrics.scans import lesion_probability, scan_column, scan_summary

@@ -1,6 +1,6 @@
 """A command's data follows the checkpoint it names: ``validate`` / ``test`` / ``predict`` / a resumed ``fit`` with
 ``--ckpt_path``, and ``fit --model.weights`` with a vit-ct checkpoint, prepare slices as the weights were trained on
-(:class:`~vit_ct.data.contract.InputContract`), and the network is the checkpoint's. A config that says otherwise is
+(:class:`~vit_ct.data.transforms.contract.InputContract`), and the network is the checkpoint's. A config that says otherwise is
 overruled in one line each, never a crash and never a silent resize to another model.
 """
 
@@ -13,8 +13,8 @@ from typing import Any
 
 from jsonargparse import Namespace
 
-from vit_ct.data.contract import CHECKPOINT_KEY, InputContract, describe_window
-from vit_ct.data.windows import parse_windows
+from vit_ct.data.transforms.contract import CHECKPOINT_KEY, InputContract, describe_window
+from vit_ct.data.transforms.windows import parse_windows
 from vit_ct.model import shipped
 from vit_ct.run.checkpoint import read_checkpoint
 

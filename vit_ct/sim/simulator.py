@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_in
 from vit_ct.data.distributed import decode_index
 from vit_ct.data.slice_dataset import CTBatch, slice_item
 from vit_ct.data.slice_module import DEFAULT_IMG_SIZE, DEFAULT_WINDOWS, SliceDataModule, Window
-from vit_ct.data.windows import parse_windows
+from vit_ct.data.transforms.windows import parse_windows
 from vit_ct.progress import track
 from vit_ct.sim.phantom import PhantomConfig, sample_head, simulate_slices
 from vit_ct.sim.projector import METHODS

@@ -18,7 +18,7 @@ from PIL import Image
 
 from vit_ct.data.io.dicom import CT_MODALITIES, load_dicom, pixel_spacing, probe_dicom
 from vit_ct.data.io.filecheck import UnreadableFileError, check_file, frame_index
-from vit_ct.data.windows import AIR_HU
+from vit_ct.data.transforms.windows import AIR_HU
 
 __all__ = [
     "AIR_HU",

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from vit_ct.data.windows import WINDOW_PRESETS, parse_windows
+from vit_ct.data.transforms.windows import WINDOW_PRESETS, parse_windows
 
 CHECKPOINT_KEY = "vit_ct_input"  # top-level key of a vit-ct checkpoint
 READ_OPTIONS = ("modalities", "stored_values_are_hu")  # the load_ct_slice options that change what a model sees
