@@ -236,7 +236,7 @@ def litdata_rates(manifest: Path, cache_dir: Path, workdir: Path, *, workers: in
         import litdata
     except ImportError:
         return None
-    from vit_ct.data.slice_cache import SliceCache, cache_folder
+    from vit_ct.data.cache.slice_cache import SliceCache, cache_folder
 
     output = workdir / "litdata"
     shutil.rmtree(output, ignore_errors=True)

@@ -17,7 +17,8 @@ from filelock import FileLock, Timeout
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, WeightedRandomSampler
 
-from vit_ct.data.check_record import CheckRecord
+from vit_ct.data.cache.check_record import CheckRecord
+from vit_ct.data.cache.slice_cache import SliceCache, cache_folder
 from vit_ct.data.distributed import (
     EpochShuffleSampler,
     MarkedPaddingSampler,
@@ -33,7 +34,6 @@ from vit_ct.data.manifest import (
     validate_manifest_files,
     write_bad_files,
 )
-from vit_ct.data.slice_cache import SliceCache, cache_folder
 from vit_ct.data.slice_dataset import CTBatch, CTSliceDataset, collate, slice_item
 from vit_ct.data.slice_module import DEFAULT_IMG_SIZE, DEFAULT_WINDOWS, SliceDataModule, Window
 from vit_ct.data.splits import SPLIT_FRACTIONS

@@ -12,11 +12,11 @@ import pandas as pd
 import torch
 from torch.utils.data import Dataset, default_collate
 
+from vit_ct.data.cache.slice_cache import SliceCache
 from vit_ct.data.distributed import decode_index
 from vit_ct.data.io.reader import load_ct_slice, load_mask, read_pixel_spacing
 from vit_ct.data.manifest import SPACING_COLUMN, manifest_frame
 from vit_ct.data.scan_labels import scan_ids, scan_labels_tensor
-from vit_ct.data.slice_cache import SliceCache
 from vit_ct.data.transforms.model_input import apply_windows, grid_hu, grid_mask, model_grid_spacing
 from vit_ct.progress import track
 

@@ -27,7 +27,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_warn
 
-from vit_ct.data.cache_folder import is_out_of_space
+from vit_ct.data.cache.cache_folder import is_out_of_space
 from vit_ct.files import atomic_write, remove_leftovers
 from vit_ct.run.compat import load_pending_loader_states, save_last_checkpoint, saves_on_train_epoch_end
 

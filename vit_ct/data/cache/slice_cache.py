@@ -7,7 +7,7 @@ Where the integrity checks run. A slot at 256 px is 128 KiB (float16), so RSNA's
 at every start would cost minutes where a later run should start in seconds. Instead:
 - opening the cache (in the pre-run check, under its lock) compares each data file's size with the slots committed
   into it: slots past the end of a truncated or deleted file are marked unfinished, so the check rebuilds them; an
-  index that is not a database is rebuilt (`vit_ct.data.cache_index`);
+  index that is not a database is rebuilt (`vit_ct.data.cache.cache_index`);
 - the check verifies a random sample of 64 of the manifest's slots (8 MiB): a data file overwritten as a whole fails
   it, and then every slot is verified and the changed ones rebuilt; every slot is verified after a reader found one;
 - every batch verifies the slots it gathers, so a changed byte is never trained on: the batch raises `CacheSlotError`
@@ -30,8 +30,8 @@ import numpy as np
 import torch
 import xxhash
 
-from vit_ct.data.cache_folder import cache_folder, storage_errors
-from vit_ct.data.cache_index import SlotIndex, SlotInfo, SlotKey
+from vit_ct.data.cache.cache_folder import cache_folder, storage_errors
+from vit_ct.data.cache.cache_index import SlotIndex, SlotInfo, SlotKey
 from vit_ct.data.transforms.model_input import grid_hu, grid_mask
 
 __all__ = ["CacheSlotError", "SliceCache", "SlotInfo", "SlotKey", "cache_folder"]
