@@ -12,10 +12,10 @@ import pytest
 from npy_manifest import write_npy_manifest
 from pydicom.data import get_testdata_file
 
-from vit_ct.data import manifest_files
 from vit_ct.data.cache.check_record import CheckRecord, FileStat, stat_file
 from vit_ct.data.datamodule import CTSliceDataModule
-from vit_ct.data.manifest import read_manifest, validate_manifest_files
+from vit_ct.data.manifests import manifest_files
+from vit_ct.data.manifests.manifest import read_manifest, validate_manifest_files
 
 
 @pytest.fixture

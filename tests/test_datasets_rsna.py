@@ -8,7 +8,7 @@ import pytest
 from test_rsna import RSNA_LABELS, phantom_hu, write_ct_dicom
 
 from vit_ct.data.datasets import dataset_info, write_dataset_manifest
-from vit_ct.data.manifest import read_manifest
+from vit_ct.data.manifests.manifest import read_manifest
 from vit_ct.data.rsna import build_rsna_manifest
 
 

@@ -16,7 +16,7 @@ from npy_manifest import write_npy_manifest
 from pydicom.data import get_testdata_file
 
 from vit_ct import CTSliceDataModule, ViTClassifier
-from vit_ct.data.manifest import read_manifest
+from vit_ct.data.manifests.manifest import read_manifest
 from vit_ct.explain import localisation
 from vit_ct.explain.localisation import LocalisationMetrics, localisation_maps, scores_per_slice
 from vit_ct.predict.writer import PredictionWriter

@@ -18,7 +18,7 @@ from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian, generate_uid
 
 from vit_ct.data.io.reader import load_ct_slice
-from vit_ct.data.manifest import read_manifest
+from vit_ct.data.manifests.manifest import read_manifest
 from vit_ct.data.rsna import RSNA_LABELS, build_rsna_manifest, main, read_rsna_labels
 from vit_ct.metrics.classification import WeightedLogLoss
 

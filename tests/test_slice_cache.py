@@ -23,7 +23,7 @@ from vit_ct.data.cache.check_record import CheckRecord
 from vit_ct.data.cache.slice_cache import SliceCache
 from vit_ct.data.datamodule import CTSliceDataModule
 from vit_ct.data.io.reader import load_ct_slice
-from vit_ct.data.manifest import manifest_frame, read_manifest, validate_manifest_files
+from vit_ct.data.manifests.manifest import manifest_frame, read_manifest, validate_manifest_files
 from vit_ct.data.transforms.model_input import HEAD_HU, apply_windows, grid_hu
 from vit_ct.data.transforms.windows import parse_windows, stack_windows
 
@@ -188,10 +188,10 @@ def test_a_changed_file_rebuilds_its_slot_only_and_a_new_grid_a_cache_of_its_own
 _KILLED_WRITER = """
 import os, signal, sys
 import numpy as np
-from vit_ct.data import manifest_files
+from vit_ct.data.manifests import manifest_files
 from vit_ct.data import slice_dataset
 from vit_ct.data.cache.check_record import CheckRecord
-from vit_ct.data.manifest import read_manifest, validate_manifest_files
+from vit_ct.data.manifests.manifest import read_manifest, validate_manifest_files
 from vit_ct.data.cache.slice_cache import SliceCache
 
 manifest_files._COMMIT_SECONDS = 0  # commit after every slice, so that the kill finds some slots done

@@ -27,16 +27,16 @@ from vit_ct.data.distributed import (
     global_seed,
 )
 from vit_ct.data.io.scans import Scan, Skipped, find_scans, scan_table
-from vit_ct.data.manifest import (
+from vit_ct.data.manifests.manifest import (
     assign_splits,
     check_label_range,
     read_manifest,
     validate_manifest_files,
     write_bad_files,
 )
+from vit_ct.data.manifests.splits import SPLIT_FRACTIONS
 from vit_ct.data.slice_dataset import CTBatch, CTSliceDataset, collate, slice_item
 from vit_ct.data.slice_module import DEFAULT_IMG_SIZE, DEFAULT_WINDOWS, SliceDataModule, Window
-from vit_ct.data.splits import SPLIT_FRACTIONS
 from vit_ct.data.transforms.model_input import HEAD_HU, model_grid_spacing
 
 # HEAD_HU, model_grid_spacing, CTBatch and slice_item lived here before; sim and saved code import them from here.

@@ -15,8 +15,8 @@ from torch.utils.data import Dataset, default_collate
 from vit_ct.data.cache.slice_cache import SliceCache
 from vit_ct.data.distributed import decode_index
 from vit_ct.data.io.reader import load_ct_slice, load_mask, read_pixel_spacing
-from vit_ct.data.manifest import SPACING_COLUMN, manifest_frame
-from vit_ct.data.scan_labels import scan_ids, scan_labels_tensor
+from vit_ct.data.manifests.manifest import SPACING_COLUMN, manifest_frame
+from vit_ct.data.manifests.scan_labels import scan_ids, scan_labels_tensor
 from vit_ct.data.transforms.model_input import apply_windows, grid_hu, grid_mask, model_grid_spacing
 from vit_ct.progress import track
 
@@ -24,7 +24,7 @@ _FILL_CHUNK = 256  # slices copied at once when the in-memory cache is filled fr
 
 
 class ScanKeys(TypedDict, total=False):
-    """The keys of a batch only where the manifest has scan labels (:mod:`vit_ct.data.scan_labels`)."""
+    """The keys of a batch only where the manifest has scan labels (:mod:`vit_ct.data.manifests.scan_labels`)."""
 
     scan_label: torch.Tensor  # (B,) int64, or (B, L) 0/1; -1 where unknown: the label of the slice's scan
     scan: torch.Tensor  # (B,) int64: the slice's scan, numbered within its split
@@ -95,7 +95,7 @@ class CTSliceDataset(Dataset):
     """Rows of a manifest table as :class:`CTBatch` items.
 
     Args:
-        table: Rows of one split (see :func:`vit_ct.data.manifest.read_manifest`).
+        table: Rows of one split (see :func:`vit_ct.data.manifests.manifest.read_manifest`).
         windows: HU windows, one channel each.
         img_size: Side of the model input.
         label_columns: Multi-label columns; None reads ``label``.
@@ -128,7 +128,7 @@ class CTSliceDataset(Dataset):
         self.img_size = img_size
         self.label_columns = list(label_columns) if label_columns else None
         self.labels = table_labels(self.table, self.label_columns)
-        # scan labels (multiple-instance learning, vit_ct.data.scan_labels): each row's scan label and scan number
+        # scan labels (multiple-instance learning, vit_ct.data.manifests.scan_labels): each row's scan label and scan number
         self.scan_labels = scan_labels_tensor(self.table)
         self.scans = None if self.scan_labels is None else torch.from_numpy(scan_ids(self.table))
         self.store = None if cache else store  # batches straight from the disk cache

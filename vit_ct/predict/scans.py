@@ -16,8 +16,8 @@ from lightning.pytorch.callbacks import Callback
 
 from vit_ct.data.io.reader import from_display, load_ct_slice
 from vit_ct.data.io.scans import Scan, find_scans, nifti_scan
-from vit_ct.data.labels import lesion_labels
-from vit_ct.data.manifest import frame_number
+from vit_ct.data.manifests.labels import lesion_labels
+from vit_ct.data.manifests.manifest import frame_number
 from vit_ct.data.transforms.windows import AIR_HU
 from vit_ct.explain.volume_views import render_orthogonal_views
 from vit_ct.files import atomic_write
@@ -71,7 +71,7 @@ def group_scan(images: list[str]) -> Scan | None:
 
 
 def prediction_labels(predictions: pd.DataFrame, pl_module) -> pd.Series:
-    """Each row's lesion label (:func:`vit_ct.data.labels.lesion_labels`) from ``predictions.csv``'s ``label`` or,
+    """Each row's lesion label (:func:`vit_ct.data.manifests.labels.lesion_labels`) from ``predictions.csv``'s ``label`` or,
     multi-label, ``label_<name>`` columns (written where known); <NA> where unknown."""
     if pl_module.task != "multilabel":
         return lesion_labels(predictions)

@@ -18,7 +18,7 @@ import pandas as pd
 from lightning.pytorch.callbacks import BasePredictionWriter
 
 from vit_ct.data.io.reader import load_ct_slice, load_mask
-from vit_ct.data.manifest import manifest_frame
+from vit_ct.data.manifests.manifest import manifest_frame
 from vit_ct.data.transforms.grid import to_source_grid
 from vit_ct.explain.overlay import render_overlay, save_png
 from vit_ct.files import atomic_write, remove_leftovers

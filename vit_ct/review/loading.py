@@ -11,7 +11,7 @@ import torch
 import yaml
 
 from vit_ct.data.datamodule import CTSliceDataModule
-from vit_ct.data.splits import SPLIT_FRACTIONS
+from vit_ct.data.manifests.splits import SPLIT_FRACTIONS
 from vit_ct.data.transforms.contract import READ_OPTIONS
 from vit_ct.data.transforms.windows import parse_windows
 from vit_ct.model import ViTClassifier

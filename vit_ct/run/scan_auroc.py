@@ -9,7 +9,7 @@ import pandas as pd
 import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
 
-from vit_ct.data.labels import lesion_labels, scan_lesion_labels
+from vit_ct.data.manifests.labels import lesion_labels, scan_lesion_labels
 from vit_ct.metrics.scans import lesion_scores, scan_auroc, scan_column, scan_summary
 
 

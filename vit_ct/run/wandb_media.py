@@ -10,7 +10,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_warn
 
-from vit_ct.data.labels import lesion_rows
+from vit_ct.data.manifests.labels import lesion_rows
 from vit_ct.explain.localisation import upsampled_rollout
 from vit_ct.explain.overlay import render_overlay
 
