@@ -23,7 +23,7 @@ from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
 from torch import nn
 from torch.utils.data import DataLoader
 
-from vit_ct.data.datamodule import CTSliceDataModule, CTSliceDataset
+from vit_ct.data.loading.datamodule import CTSliceDataModule, CTSliceDataset
 from vit_ct.data.transforms.windows import parse_windows
 from vit_ct.explain.attention import patch_grid, record_attention
 from vit_ct.explain.localisation import LocalisationMetrics, localisation_maps, model_grid_spacing_mm

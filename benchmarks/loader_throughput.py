@@ -17,8 +17,8 @@ import torch
 from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian, generate_uid
 
-from vit_ct.data.datamodule import CTSliceDataModule
 from vit_ct.data.io.reader import load_ct_slice
+from vit_ct.data.loading.datamodule import CTSliceDataModule
 from vit_ct.run.hardware import describe_machine
 from vit_ct.run.records import RECORDS, command_line, markdown_table, table, write_record
 

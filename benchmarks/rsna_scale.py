@@ -204,7 +204,7 @@ def loader_rates(manifest: Path, *, cache, cache_dir: Path, workers: int, limit:
     """Slices/s over up to ``limit`` training slices after the first batch (which waits for the workers): the loader
     alone (what feeds a GPU, which windows the batches itself) and with the windows applied on the CPU (as a CPU run
     does), after a pass that starts the workers and fills the page cache; and the workers' memory after it."""
-    from vit_ct.data.datamodule import CTSliceDataModule
+    from vit_ct.data.loading.datamodule import CTSliceDataModule
 
     data = CTSliceDataModule(
         str(manifest), label_columns=LABELS, windows=["brain", "subdural", "bone"], img_size=256, batch_size=64,

@@ -34,7 +34,7 @@ MODES = {"memory": "true", "disk": "disk"}  # row name: data.cache
 # One run's start-up, as a fresh process does it: imports, then the data module's setup for `fit`.
 _SETUP = """import json, sys, time
 start = time.perf_counter()
-from vit_ct.data.datamodule import CTSliceDataModule
+from vit_ct.data.loading.datamodule import CTSliceDataModule
 imported = time.perf_counter()
 manifest, cache, cache_dir, img_size = sys.argv[1:5]
 data = CTSliceDataModule(manifest, cache={"true": True, "false": False}.get(cache, cache), cache_dir=cache_dir,

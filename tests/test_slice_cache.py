@@ -18,11 +18,11 @@ from lightning.pytorch import Callback
 from npy_manifest import manifest_args, write_npy_manifest
 from pydicom.data import get_testdata_file
 
-from vit_ct.data import slice_dataset
 from vit_ct.data.cache.check_record import CheckRecord
 from vit_ct.data.cache.slice_cache import SliceCache
-from vit_ct.data.datamodule import CTSliceDataModule
 from vit_ct.data.io.reader import load_ct_slice
+from vit_ct.data.loading import slice_dataset
+from vit_ct.data.loading.datamodule import CTSliceDataModule
 from vit_ct.data.manifests.manifest import manifest_frame, read_manifest, validate_manifest_files
 from vit_ct.data.transforms.model_input import HEAD_HU, apply_windows, grid_hu
 from vit_ct.data.transforms.windows import parse_windows, stack_windows
@@ -189,7 +189,7 @@ _KILLED_WRITER = """
 import os, signal, sys
 import numpy as np
 from vit_ct.data.manifests import manifest_files
-from vit_ct.data import slice_dataset
+from vit_ct.data.loading import slice_dataset
 from vit_ct.data.cache.check_record import CheckRecord
 from vit_ct.data.manifests.manifest import read_manifest, validate_manifest_files
 from vit_ct.data.cache.slice_cache import SliceCache

@@ -14,9 +14,9 @@ from vit_ct.run.aliases import register_aliases
 
 # public name -> the module that defines it
 _PUBLIC = {
-    "CTBatch": "vit_ct.data.datamodule",
-    "CTSliceDataModule": "vit_ct.data.datamodule",
-    "CTSliceDataset": "vit_ct.data.datamodule",
+    "CTBatch": "vit_ct.data.loading.datamodule",
+    "CTSliceDataModule": "vit_ct.data.loading.datamodule",
+    "CTSliceDataset": "vit_ct.data.loading.datamodule",
     "load_ct_slice": "vit_ct.data.io.reader",
     "load_mask": "vit_ct.data.io.reader",
     "WINDOW_PRESETS": "vit_ct.data.transforms.windows",
@@ -31,8 +31,8 @@ _PUBLIC = {
 }
 
 if TYPE_CHECKING:  # what the names are, for type checkers and editors
-    from vit_ct.data.datamodule import CTBatch, CTSliceDataModule, CTSliceDataset
     from vit_ct.data.io.reader import load_ct_slice, load_mask
+    from vit_ct.data.loading.datamodule import CTBatch, CTSliceDataModule, CTSliceDataset
     from vit_ct.data.transforms.windows import WINDOW_PRESETS, stack_windows, window_hu
     from vit_ct.explain.attention import record_attention
     from vit_ct.explain.rollout import attention_rollout, gradient_rollout, last_block_attention

@@ -76,7 +76,7 @@ def _cli(args: list[str] | None, run: bool):
     from jsonargparse import lazy_instance
     from lightning.pytorch.loggers import WandbLogger
 
-    from vit_ct.data.slice_module import SliceDataModule
+    from vit_ct.data.loading.slice_module import SliceDataModule
     from vit_ct.model import ViTClassifier
     from vit_ct.run.checkpoint import ResumeState
     from vit_ct.run.command import CommandParser, VitCTCLI

@@ -9,7 +9,7 @@ label. Slices of a lesion-free scan are also plain negatives (their slice label 
 no slice of a scan with a lesion is ever scored as a slice.
 
 A batch holds whole scans where they fit (the training order keeps a scan's slices together,
-:class:`vit_ct.data.distributed.EpochShuffleSampler`); the slices of a scan outside the batch join its bag with their
+:class:`vit_ct.data.loading.distributed.EpochShuffleSampler`); the slices of a scan outside the batch join its bag with their
 latest evidence, detached (:class:`ScanMemory`, one number per slice and source): memory stays bounded by one
 batch, and a long scan's verdict still reads all of its slices.
 """

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from vit_ct.data.datamodule import CTSliceDataModule
+from vit_ct.data.loading.datamodule import CTSliceDataModule
 from vit_ct.data.transforms.grid import to_source_grid
 from vit_ct.explain.attention import num_prefix_tokens, patch_grid, record_attention
 from vit_ct.explain.maps import explain_gradient_rollout

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from vit_ct.data.datamodule import CTSliceDataModule
+from vit_ct.data.loading.datamodule import CTSliceDataModule
 from vit_ct.data.manifests.splits import SPLIT_FRACTIONS
 from vit_ct.data.transforms.contract import READ_OPTIONS
 from vit_ct.data.transforms.windows import parse_windows

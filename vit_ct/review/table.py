@@ -7,8 +7,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from vit_ct.data.datamodule import CTSliceDataModule
 from vit_ct.data.io.reader import load_ct_slice, load_mask
+from vit_ct.data.loading.datamodule import CTSliceDataModule
 from vit_ct.data.manifests.labels import lesion_label
 from vit_ct.data.transforms.grid import to_source_grid
 from vit_ct.explain.localisation import MAP_SOURCES, SCORES, localisation_maps, scores_per_slice

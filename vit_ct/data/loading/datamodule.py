@@ -19,14 +19,16 @@ from torch.utils.data import DataLoader, Dataset, WeightedRandomSampler
 
 from vit_ct.data.cache.check_record import CheckRecord
 from vit_ct.data.cache.slice_cache import SliceCache, cache_folder
-from vit_ct.data.distributed import (
+from vit_ct.data.io.scans import Scan, Skipped, find_scans, scan_table
+from vit_ct.data.loading.distributed import (
     EpochShuffleSampler,
     MarkedPaddingSampler,
     ResumableDataLoader,
     decode_index,
     global_seed,
 )
-from vit_ct.data.io.scans import Scan, Skipped, find_scans, scan_table
+from vit_ct.data.loading.slice_dataset import CTBatch, CTSliceDataset, collate, slice_item
+from vit_ct.data.loading.slice_module import DEFAULT_IMG_SIZE, DEFAULT_WINDOWS, SliceDataModule, Window
 from vit_ct.data.manifests.manifest import (
     assign_splits,
     check_label_range,
@@ -35,8 +37,6 @@ from vit_ct.data.manifests.manifest import (
     write_bad_files,
 )
 from vit_ct.data.manifests.splits import SPLIT_FRACTIONS
-from vit_ct.data.slice_dataset import CTBatch, CTSliceDataset, collate, slice_item
-from vit_ct.data.slice_module import DEFAULT_IMG_SIZE, DEFAULT_WINDOWS, SliceDataModule, Window
 from vit_ct.data.transforms.model_input import HEAD_HU, model_grid_spacing
 
 # HEAD_HU, model_grid_spacing, CTBatch and slice_item lived here before; sim and saved code import them from here.

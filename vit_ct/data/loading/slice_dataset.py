@@ -13,8 +13,8 @@ import torch
 from torch.utils.data import Dataset, default_collate
 
 from vit_ct.data.cache.slice_cache import SliceCache
-from vit_ct.data.distributed import decode_index
 from vit_ct.data.io.reader import load_ct_slice, load_mask, read_pixel_spacing
+from vit_ct.data.loading.distributed import decode_index
 from vit_ct.data.manifests.manifest import SPACING_COLUMN, manifest_frame
 from vit_ct.data.manifests.scan_labels import scan_ids, scan_labels_tensor
 from vit_ct.data.transforms.model_input import apply_windows, grid_hu, grid_mask, model_grid_spacing
@@ -253,7 +253,9 @@ class CTSliceDataset(Dataset):
             return self._stored_items([index])[0]
         if self._source is not None:
             return self._held_items([index])[0]
-        index, valid = decode_index(index)  # a DDP padding repeat arrives as -1 - index (vit_ct.data.distributed)
+        index, valid = decode_index(
+            index
+        )  # a DDP padding repeat arrives as -1 - index (vit_ct.data.loading.distributed)
         return dict(self.load(index), valid=torch.tensor(valid), **self._scan_items(index))
 
     def _scan_items(self, rows: torch.Tensor | int) -> dict[str, torch.Tensor]:

@@ -9,8 +9,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from vit_ct.data.distributed import MarkedPaddingSampler, global_seed
-from vit_ct.data.slice_dataset import CTBatch
+from vit_ct.data.loading.distributed import MarkedPaddingSampler, global_seed
+from vit_ct.data.loading.slice_dataset import CTBatch
 from vit_ct.data.transforms.augment import BatchAugmentation
 from vit_ct.data.transforms.contract import InputContract
 from vit_ct.data.transforms.model_input import apply_windows
@@ -25,7 +25,7 @@ DEFAULT_IMG_SIZE = 192
 
 
 class SliceDataModule(L.LightningDataModule):
-    """The base of vit-ct's data modules: slices as :class:`~vit_ct.data.slice_dataset.CTBatch` batches.
+    """The base of vit-ct's data modules: slices as :class:`~vit_ct.data.loading.slice_dataset.CTBatch` batches.
 
     Subclasses add where the slices come from (``setup`` and the loaders) and may refuse bad input before a run in
     :meth:`check`.
@@ -101,7 +101,7 @@ class SliceDataModule(L.LightningDataModule):
 
     def _evaluation_loader(self, dataset: Dataset, **loader) -> DataLoader:
         """A loader over every slice of ``dataset`` once; under DDP each rank's shard is padded with marked repeats,
-        so that no slice counts twice (:mod:`vit_ct.data.distributed`)."""
+        so that no slice counts twice (:mod:`vit_ct.data.loading.distributed`)."""
         ranks = self._ranks()
         sampler = MarkedPaddingSampler(dataset, **ranks) if ranks.get("num_replicas", 1) > 1 else None
         return DataLoader(dataset, batch_size=self.batch_size, sampler=sampler, drop_last=False, **loader)
