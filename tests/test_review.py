@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from PIL import Image
 
 from vit_ct import ViTClassifier, review
-from vit_ct.explain.localisation import LocalisationMetrics, scores_per_slice
+from vit_ct.metrics.localisation import LocalisationMetrics, scores_per_slice
 from vit_ct.predict.writer import PredictionWriter
 from vit_ct.review import figures as review_figures
 

@@ -18,7 +18,7 @@ from vit_ct.explain.rollout import HeadFusion, class_token_rollout, gradient_rol
 @dataclass
 class Explained:
     """What one recorded forward pass gives: the model's output, the attention rollout and the attention rows of the
-    class token (what the sink metrics of :mod:`vit_ct.explain.sink` read)."""
+    class token (what the sink metrics of :mod:`vit_ct.metrics.sink` read)."""
 
     output: Any
     rollout: torch.Tensor  # (B, grid_h, grid_w) float32, non-negative

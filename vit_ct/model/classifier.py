@@ -21,9 +21,9 @@ from vit_ct.data.transforms.contract import CHECKPOINT_KEY as INPUT_CONTRACT
 from vit_ct.data.transforms.contract import InputContract
 from vit_ct.explain.attention import record_attention
 from vit_ct.explain.maps import Explained, explain_forward
-from vit_ct.explain.sink import sink_per_slice
 from vit_ct.metrics.classification import classification_metrics
-from vit_ct.metrics.maps import MapMetrics, slice_scores
+from vit_ct.metrics.map_scores import MapMetrics, slice_scores
+from vit_ct.metrics.sink import sink_per_slice
 from vit_ct.model import shipped
 from vit_ct.model.hparams import check_hparams, predated_hparams
 from vit_ct.model.losses import Losses, PatchLosses, classification_loss
@@ -222,7 +222,7 @@ class ViTClassifier(L.LightningModule):
         self.register_buffer("class_weights", torch.tensor(weights, dtype=torch.float32) if weights else None)
 
     def configure_metrics(self) -> None:
-        """Classification metrics per stage, and the maps' metrics (:class:`vit_ct.metrics.maps.MapMetrics`): the
+        """Classification metrics per stage, and the maps' metrics (:class:`vit_ct.metrics.map_scores.MapMetrics`): the
         attention sink, and rollout against the lesion masks beside two floors it must beat, the image and the head."""
         h = self.hparams
         self.metrics = nn.ModuleDict(

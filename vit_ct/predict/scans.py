@@ -1,5 +1,5 @@
 """Per-scan results of ``vit-ct predict``: ``scans.csv`` (slice probabilities, the scan's probability as the maximum
-over its slices, the slice where it peaks: :mod:`vit_ct.metrics.scans`) and, per scan, the rollout volume and the CT
+over its slices, the slice where it peaks: :mod:`vit_ct.metrics.lesion_probability`) and, per scan, the rollout volume and the CT
 as NIfTI on the scan's own grid and affine, so that a viewer (3D Slicer, ITK-SNAP) overlays them without
 registration.
 """
@@ -21,7 +21,7 @@ from vit_ct.data.manifests.manifest import frame_number
 from vit_ct.data.transforms.windows import AIR_HU
 from vit_ct.explain.volume_views import render_orthogonal_views
 from vit_ct.files import atomic_write
-from vit_ct.metrics.scans import lesion_probability, scan_column, scan_summary
+from vit_ct.metrics.lesion_probability import lesion_probability, scan_column, scan_summary
 
 # ------------------------------------------------------------------------------------------------------- NIfTI
 

@@ -22,7 +22,7 @@ from vit_ct.data.manifests.manifest import manifest_frame
 from vit_ct.data.transforms.grid import to_source_grid
 from vit_ct.explain.overlay import render_overlay, save_png
 from vit_ct.files import atomic_write, remove_leftovers
-from vit_ct.metrics.scans import scan_column
+from vit_ct.metrics.lesion_probability import scan_column
 from vit_ct.run.interrupts import deferred_interrupts
 
 
@@ -41,7 +41,7 @@ def save_npy(array: np.ndarray, path: Path) -> None:
 
 def sink_columns(prediction: dict, i: int) -> dict[str, float]:
     """Slice ``i``'s attention-sink columns: ``rollout_air``, ``rollout_outside_head``, and per block ``b``
-    ``cls_prefix_b{b}`` / ``cls_air_b{b}`` (see :mod:`vit_ct.explain.sink`); none when the batch had no head mask."""
+    ``cls_prefix_b{b}`` / ``cls_air_b{b}`` (see :mod:`vit_ct.metrics.sink`); none when the batch had no head mask."""
     shares = ("rollout_air", "rollout_outside_head")
     columns = {name: float(prediction[name][i]) for name in shares if name in prediction}
     for name in ("cls_prefix", "cls_air"):

@@ -1,4 +1,4 @@
-"""Scan-level AUROC during validation and test (:mod:`vit_ct.metrics.scans`): a scan's probability is the maximum over
+"""Scan-level AUROC during validation and test (:mod:`vit_ct.metrics.lesion_probability`): a scan's probability is the maximum over
 its slices, and a scan is positive when its scan label says so or, without scan labels, when any of its slices is. A
 callback: it needs the split's table to group the slices of a batch into scans."""
 
@@ -10,7 +10,7 @@ import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
 
 from vit_ct.data.manifests.labels import lesion_labels, scan_lesion_labels
-from vit_ct.metrics.scans import lesion_scores, scan_auroc, scan_column, scan_summary
+from vit_ct.metrics.lesion_probability import lesion_scores, scan_auroc, scan_column, scan_summary
 
 
 class ScanAUROC(Callback):

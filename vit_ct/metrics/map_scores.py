@@ -11,7 +11,8 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
-from vit_ct.explain.localisation import (
+from vit_ct.explain.maps import Explained
+from vit_ct.metrics.localisation import (
     MAP_SOURCES,
     SURFACE_DISTANCE_SOURCES,
     LocalisationMetrics,
@@ -19,8 +20,7 @@ from vit_ct.explain.localisation import (
     pixel_units_note,
     scores_per_slice,
 )
-from vit_ct.explain.maps import Explained
-from vit_ct.explain.sink import SinkMetrics
+from vit_ct.metrics.sink import SinkMetrics
 
 
 class MapMetrics(nn.Module):
