@@ -123,10 +123,10 @@ def test_class_paths_of_earlier_releases_still_load(tmp_path, capsys, class_path
 
 
 def test_a_class_that_left_a_module_still_there_loads_by_its_old_path_with_a_warning(tmp_path, capsys):
-    """``vit_ct.progress`` stayed (progress bars) while ``EpochLines`` moved to ``vit_ct.run.progress``: a saved
+    """``vit_ct.progress`` stayed (progress bars) while ``EpochLines`` moved to ``vit_ct.run.epoch_progress``: a saved
     ``--trainer.callbacks+=vit_ct.progress.EpochLines`` still loads, and Python code is told where it lives now."""
     import vit_ct.progress
-    from vit_ct.run.progress import EpochLines
+    from vit_ct.run.epoch_progress import EpochLines
 
     moved = r"vit_ct\.progress\.EpochLines moved to vit_ct\.run\.progress\.EpochLines"
     with pytest.warns(DeprecationWarning, match=moved):

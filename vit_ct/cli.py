@@ -81,8 +81,8 @@ def _cli(args: list[str] | None, run: bool):
     from vit_ct.run.checkpoint import ResumeState
     from vit_ct.run.command import CommandParser, VitCTCLI
     from vit_ct.run.console import quiet_lightning
+    from vit_ct.run.epoch_progress import EpochLines, progress_bar
     from vit_ct.run.learning_rate import PeakLearningRate
-    from vit_ct.run.progress import EpochLines, progress_bar
     from vit_ct.run.runs import BadFilesReport, LoggedConfigCallback
     from vit_ct.run.scan_auroc import ScanAUROC
     from vit_ct.run.threads import use_threads
