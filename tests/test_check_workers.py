@@ -103,5 +103,8 @@ def test_the_portable_watchdog_ends_a_worker_whose_parent_died():
 
 def test_die_with_parent_ends_at_once_when_the_parent_is_already_gone():
     """The parent may die between the fork and the request for the signal: the worker then ends by itself."""
-    script = "import os; from vit_ct.data.manifests.check_workers import die_with_parent; die_with_parent(os.getppid() + 10**6)"
+    script = (
+        "import os; from vit_ct.data.manifests.check_workers import die_with_parent;"
+        " die_with_parent(os.getppid() + 10**6)"
+    )
     assert subprocess.run([sys.executable, "-c", script], timeout=60).returncode == 1

@@ -1,5 +1,6 @@
 """RSNA 2019 by name: the Kaggle layout converted through `write_dataset_manifest` gives what
-`vit_ct.data.datasets.rsna_manifest.build_rsna_manifest` gives, plus ``label`` (= ``any``), the name every public set uses."""
+`vit_ct.data.datasets.rsna_manifest.build_rsna_manifest` gives, plus ``label`` (= ``any``), the name every public set
+uses."""
 
 from __future__ import annotations
 

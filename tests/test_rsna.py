@@ -1,5 +1,5 @@
-"""vit_ct.data.datasets.rsna_manifest: the Kaggle RSNA 2019 ICH layout (real and synthetic DICOMs) as a manifest, the competition metric
-against a hand computation, and a few training steps with configs/rsna_ich.yaml."""
+"""vit_ct.data.datasets.rsna_manifest: the Kaggle RSNA 2019 ICH layout (real and synthetic DICOMs) as a manifest, the
+competition metric against a hand computation, and a few training steps with configs/rsna_ich.yaml."""
 
 from __future__ import annotations
 

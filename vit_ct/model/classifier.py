@@ -247,8 +247,8 @@ class ViTClassifier(L.LightningModule):
         return super().load_from_checkpoint(checkpoint_path, **kwargs)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        """Records how the weights see their input (:class:`~vit_ct.data.transforms.contract.InputContract`): as the trainer's
-        data module prepares slices now, else as the checkpoint the model came from did."""
+        """Records how the weights see their input (:class:`~vit_ct.data.transforms.contract.InputContract`): as the
+        trainer's data module prepares slices now, else as the checkpoint the model came from did."""
         try:
             datamodule = self.trainer.datamodule
         except RuntimeError:  # saved through a strategy alone, without a trainer

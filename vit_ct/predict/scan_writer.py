@@ -1,6 +1,6 @@
 """Per-scan results of ``vit-ct predict``: ``scans.csv`` (slice probabilities, the scan's probability as the maximum
-over its slices, the slice where it peaks: :mod:`vit_ct.metrics.lesion_probability`) and, per scan, the rollout volume and the CT
-as NIfTI on the scan's own grid and affine, so that a viewer (3D Slicer, ITK-SNAP) overlays them without
+over its slices, the slice where it peaks: :mod:`vit_ct.metrics.lesion_probability`) and, per scan, the rollout volume
+and the CT as NIfTI on the scan's own grid and affine, so that a viewer (3D Slicer, ITK-SNAP) overlays them without
 registration.
 """
 
@@ -71,8 +71,8 @@ def group_scan(images: list[str]) -> Scan | None:
 
 
 def prediction_labels(predictions: pd.DataFrame, pl_module) -> pd.Series:
-    """Each row's lesion label (:func:`vit_ct.data.manifests.labels.lesion_labels`) from ``predictions.csv``'s ``label`` or,
-    multi-label, ``label_<name>`` columns (written where known); <NA> where unknown."""
+    """Each row's lesion label (:func:`vit_ct.data.manifests.labels.lesion_labels`) from ``predictions.csv``'s ``label``
+    or, multi-label, ``label_<name>`` columns (written where known); <NA> where unknown."""
     if pl_module.task != "multilabel":
         return lesion_labels(predictions)
     columns = [f"label_{name}" for name in pl_module.class_names]

@@ -2,10 +2,10 @@
 needs beyond Lightning's own state (random-number generators, the W&B run id).
 
 Resuming: ``vit-ct fit --config C --ckpt_path runs/vit-ct/<id>/checkpoints/last.ckpt`` restores the weights, optimizer,
-LR schedule, epoch and step (Lightning), the data order in the epoch (:mod:`vit_ct.data.loading.distributed`), the RNG states
-and the W&B run (same id, ``resume="allow"``); checkpoints keep going to the same run folder. Arguments on resume:
-``--model.*`` values come from the checkpoint (LightningCLI reads its hyper-parameters over the command line), so the
-network cannot change; ``--trainer.*`` and ``--data.*`` values come from the command, e.g. a larger
+LR schedule, epoch and step (Lightning), the data order in the epoch (:mod:`vit_ct.data.loading.distributed`), the RNG
+states and the W&B run (same id, ``resume="allow"``); checkpoints keep going to the same run folder. Arguments on
+resume: ``--model.*`` values come from the checkpoint (LightningCLI reads its hyper-parameters over the command line),
+so the network cannot change; ``--trainer.*`` and ``--data.*`` values come from the command, e.g. a larger
 ``--trainer.max_epochs`` trains on (the restored optimizer keeps its state; the cosine schedule is recomputed for the
 new length from the current step).
 """

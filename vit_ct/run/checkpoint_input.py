@@ -1,7 +1,7 @@
 """A command's data follows the checkpoint it names: ``validate`` / ``test`` / ``predict`` / a resumed ``fit`` with
 ``--ckpt_path``, and ``fit --model.weights`` with a vit-ct checkpoint, prepare slices as the weights were trained on
-(:class:`~vit_ct.data.transforms.contract.InputContract`), and the network is the checkpoint's. A config that says otherwise is
-overruled in one line each, never a crash and never a silent resize to another model.
+(:class:`~vit_ct.data.transforms.contract.InputContract`), and the network is the checkpoint's. A config that says
+otherwise is overruled in one line each, never a crash and never a silent resize to another model.
 """
 
 from __future__ import annotations

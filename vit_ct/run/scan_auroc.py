@@ -1,6 +1,6 @@
-"""Scan-level AUROC during validation and test (:mod:`vit_ct.metrics.lesion_probability`): a scan's probability is the maximum over
-its slices, and a scan is positive when its scan label says so or, without scan labels, when any of its slices is. A
-callback: it needs the split's table to group the slices of a batch into scans."""
+"""Scan-level AUROC during validation and test (:mod:`vit_ct.metrics.lesion_probability`): a scan's probability is the
+maximum over its slices, and a scan is positive when its scan label says so or, without scan labels, when any of its
+slices is. A callback: it needs the split's table to group the slices of a batch into scans."""
 
 from __future__ import annotations
 

@@ -244,8 +244,8 @@ class SimulatorDataModule(SliceDataModule):
     """Training slices simulated on the fly (new ones every epoch); validation and test sets simulated once, in
     memory, from seed families training never draws (``seed`` + 10^6 and + 2 x 10^6).
 
-    A :class:`~vit_ct.data.loading.slice_module.SliceDataModule` (what ``vit-ct`` takes as data) whose slices are simulated:
-    nothing to read or check.
+    A :class:`~vit_ct.data.loading.slice_module.SliceDataModule` (what ``vit-ct`` takes as data) whose slices are
+    simulated: nothing to read or check.
 
     Args:
         windows: HU windows stacked as channels: preset names (``brain``, ``subdural``, ``bone``, ``stroke``) or

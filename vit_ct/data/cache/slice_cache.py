@@ -255,8 +255,8 @@ class SliceCache:
         return self._open()[1] is not None
 
     def batch(self, slots: np.ndarray, *, out: np.ndarray | None = None, out_mask: np.ndarray | None = None) -> dict:
-        """Slots as a batch before windowing (`vit_ct.data.transforms.model_input.apply_windows`), in one gather from the maps,
-        each slot verified against its checksum: ``hu`` ``(B, 1, S, S)`` in the cache's dtype, ``mask``
+        """Slots as a batch before windowing (`vit_ct.data.transforms.model_input.apply_windows`), in one gather from
+        the maps, each slot verified against its checksum: ``hu`` ``(B, 1, S, S)`` in the cache's dtype, ``mask``
         ``(B, 1, S, S)`` uint8 (zeros without a mask; left out when the cache holds no mask at all, as for RSNA:
         zeros are made where the batch lands), ``has_mask``, ``source_shape`` ``(B, 2)`` and ``pixel_spacing_mm``
         ``(B,)`` of the model grid (NaN where unknown). ``out``, ``out_mask``: ``(B, S, S)`` arrays (the cache's dtype;

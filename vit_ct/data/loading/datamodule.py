@@ -58,10 +58,11 @@ class CTSliceDataModule(SliceDataModule):
         batch_size: Slices per batch (per device under DDP).
         num_workers: DataLoader worker processes.
         augment: Random flips, rotations, scaling, shifts, noise and contrast on the training split, applied to whole
-            batches on the training device (:class:`~vit_ct.data.transforms.augment.BatchAugmentation`), after the cache.
+            batches on the training device (:class:`~vit_ct.data.transforms.augment.BatchAugmentation`), after the
+            cache.
         scanner_augment: Also another scanner's reconstruction kernel, dose and HU calibration, in HU before the
-            windows (:class:`~vit_ct.data.transforms.scanner_augment.ScannerAugmentation`, MONAI's Gaussian filter), on the
-            training split: for CT from scanners the training set does not have.
+            windows (:class:`~vit_ct.data.transforms.scanner_augment.ScannerAugmentation`, MONAI's Gaussian filter), on
+            the training split: for CT from scanners the training set does not have.
         cache: ``true`` (or ``memory``): keep preprocessed slices in memory (fast epochs for sets that fit): float32
             HU on the model grid, windowed as each batch is read, copied before the first epoch from what the
             pre-run check stores under ``cache_dir`` (256 KiB a slice at 256), so that a later run reads no file.

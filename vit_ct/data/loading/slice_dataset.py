@@ -128,7 +128,7 @@ class CTSliceDataset(Dataset):
         self.img_size = img_size
         self.label_columns = list(label_columns) if label_columns else None
         self.labels = table_labels(self.table, self.label_columns)
-        # scan labels (multiple-instance learning, vit_ct.data.manifests.scan_labels): each row's scan label and scan number
+        # scan labels (multiple-instance learning, vit_ct.data.manifests.scan_labels): each row's scan label and number
         self.scan_labels = scan_labels_tensor(self.table)
         self.scans = None if self.scan_labels is None else torch.from_numpy(scan_ids(self.table))
         self.store = None if cache else store  # batches straight from the disk cache
