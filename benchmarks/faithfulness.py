@@ -26,10 +26,10 @@ from torch.utils.data import DataLoader
 from vit_ct.data.loading.datamodule import CTSliceDataModule, CTSliceDataset
 from vit_ct.data.transforms.windows import parse_windows
 from vit_ct.explain.attention import patch_grid, record_attention
-from vit_ct.explain.maps import explain_gradient_rollout
+from vit_ct.explain.maps import explain_gradient_rollout, localisation_maps
 from vit_ct.explain.occlusion import BASELINE_HU, brain_baseline, occlusion_sensitivity
 from vit_ct.explain.rollout import last_block_attention
-from vit_ct.metrics.localisation import LocalisationMetrics, localisation_maps, model_grid_spacing_mm
+from vit_ct.metrics.localisation import LocalisationMetrics, model_grid_spacing_mm
 from vit_ct.model import ViTClassifier
 from vit_ct.run.hardware import describe_machine
 from vit_ct.run.records import RECORDS, table, write_record

@@ -11,8 +11,9 @@ from vit_ct.data.io.reader import load_ct_slice, load_mask
 from vit_ct.data.loading.datamodule import CTSliceDataModule
 from vit_ct.data.manifests.labels import lesion_label
 from vit_ct.data.transforms.grid import to_source_grid
+from vit_ct.explain.maps import localisation_maps
 from vit_ct.metrics.lesion_probability import lesion_scores, scan_column
-from vit_ct.metrics.localisation import MAP_SOURCES, SCORES, localisation_maps, scores_per_slice
+from vit_ct.metrics.localisation import MAP_SOURCES, SCORES, scores_per_slice
 from vit_ct.metrics.sink import sink_per_slice
 from vit_ct.model import ViTClassifier
 from vit_ct.progress import track

@@ -11,8 +11,8 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_warn
 
 from vit_ct.data.manifests.labels import lesion_rows
+from vit_ct.explain.maps import upsampled_rollout
 from vit_ct.explain.overlay import render_overlay
-from vit_ct.metrics.localisation import upsampled_rollout
 
 # `render_overlay` windows HU; the model input is already windowed to [0, 1], which this window leaves unchanged.
 IDENTITY_WINDOW = (0.5, 1.0)
