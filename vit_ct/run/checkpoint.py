@@ -189,7 +189,7 @@ class ResumeState(Callback):
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # Lightning 2.6 restores a stateful training loader only if it builds the loader after the restore, but
         # `configure_optimizers` asking for `estimated_stepping_batches` builds it before. Apply the saved loader state
-        # now: the first batch is not drawn yet (data.distributed.ResumableDataLoader starts its iterator lazily).
+        # now: the first batch is not drawn yet (data/loading/distributed.py: its loader starts iterating lazily).
         load_pending_loader_states(trainer.fit_loop)
         if self._pending is not None:
             _set_rng_states(self._pending)
