@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from vit_ct.data.augment import BatchAugmentation
-from vit_ct.data.scanner_augment import KERNEL_SIGMAS, ScannerAugmentation
+from vit_ct.data.transforms.augment import BatchAugmentation
+from vit_ct.data.transforms.scanner_augment import KERNEL_SIGMAS, ScannerAugmentation
 from vit_ct.run.hardware import describe_machine
 from vit_ct.run.records import RECORDS, markdown_table, table, write_record
 

@@ -23,13 +23,13 @@ from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
 from torch import nn
 from torch.utils.data import DataLoader
 
-from vit_ct.data.datamodule import CTSliceDataModule, CTSliceDataset
-from vit_ct.data.windows import parse_windows
+from vit_ct.data.loading.datamodule import CTSliceDataModule, CTSliceDataset
+from vit_ct.data.transforms.windows import parse_windows
 from vit_ct.explain.attention import patch_grid, record_attention
-from vit_ct.explain.localisation import LocalisationMetrics, localisation_maps, model_grid_spacing_mm
-from vit_ct.explain.maps import explain_gradient_rollout
+from vit_ct.explain.maps import explain_gradient_rollout, localisation_maps
 from vit_ct.explain.occlusion import BASELINE_HU, brain_baseline, occlusion_sensitivity
 from vit_ct.explain.rollout import last_block_attention
+from vit_ct.metrics.localisation import LocalisationMetrics, model_grid_spacing_mm
 from vit_ct.model import ViTClassifier
 from vit_ct.run.hardware import describe_machine
 from vit_ct.run.records import RECORDS, table, write_record
@@ -50,7 +50,7 @@ Slices: lesion slices (label 1, a known lesion mask inside the head) of --split,
 Curves: patches in the map's order (ties broken at random, seeded), --steps + 1 points from 0 to all patches; the
 area is over the fraction of patches, in [0, 1]. Deletion: lower is better; insertion: higher is better.
 Baseline: every head pixel (HU > -300) at 30 HU (normal brain), windowed like the input; air stays air.
-Localisation: vit_ct.explain.localisation.LocalisationMetrics on the model grid, each map bilinearly upsampled like
+Localisation: vit_ct.metrics.localisation.LocalisationMetrics on the model grid, each map bilinearly upsampled like
 rollout.
 """
 

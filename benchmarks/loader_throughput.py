@@ -1,5 +1,5 @@
 """Slices per second from a folder of DICOM CT slices: plain pydicom reading against CTSliceDataModule's training
-loader (vit_ct.data.reader + windows + resize to the model grid), with and without workers, with the in-memory cache
+loader (vit_ct.data.io.reader + windows + resize to the model grid), with and without workers, with the in-memory cache
 (first epoch, which fills it, against a cached epoch) and with the disk cache (filled by the manifest check).
 """
 
@@ -17,8 +17,8 @@ import torch
 from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian, generate_uid
 
-from vit_ct.data.datamodule import CTSliceDataModule
-from vit_ct.data.reader import load_ct_slice
+from vit_ct.data.io.reader import load_ct_slice
+from vit_ct.data.loading.datamodule import CTSliceDataModule
 from vit_ct.run.hardware import describe_machine
 from vit_ct.run.records import RECORDS, command_line, markdown_table, table, write_record
 

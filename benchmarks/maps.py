@@ -21,7 +21,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from faithfulness import score_methods  # noqa: E402  (a sibling script, not a package)
 
-from vit_ct.data.windows import parse_windows  # noqa: E402
+from vit_ct.data.transforms.windows import parse_windows  # noqa: E402
 from vit_ct.model import ViTClassifier  # noqa: E402
 from vit_ct.run.hardware import describe_machine  # noqa: E402
 from vit_ct.run.records import RECORDS, write_record  # noqa: E402

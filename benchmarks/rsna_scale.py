@@ -204,7 +204,7 @@ def loader_rates(manifest: Path, *, cache, cache_dir: Path, workers: int, limit:
     """Slices/s over up to ``limit`` training slices after the first batch (which waits for the workers): the loader
     alone (what feeds a GPU, which windows the batches itself) and with the windows applied on the CPU (as a CPU run
     does), after a pass that starts the workers and fills the page cache; and the workers' memory after it."""
-    from vit_ct.data.datamodule import CTSliceDataModule
+    from vit_ct.data.loading.datamodule import CTSliceDataModule
 
     data = CTSliceDataModule(
         str(manifest), label_columns=LABELS, windows=["brain", "subdural", "bone"], img_size=256, batch_size=64,
@@ -236,7 +236,7 @@ def litdata_rates(manifest: Path, cache_dir: Path, workdir: Path, *, workers: in
         import litdata
     except ImportError:
         return None
-    from vit_ct.data.slice_cache import SliceCache, cache_folder
+    from vit_ct.data.cache.slice_cache import SliceCache, cache_folder
 
     output = workdir / "litdata"
     shutil.rmtree(output, ignore_errors=True)

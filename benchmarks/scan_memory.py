@@ -182,7 +182,7 @@ def fit_command(manifest: Path, probe: Path, *, cache: str, args: argparse.Names
 # The pre-run check of a manifest alone (every file read, its verdicts kept for the runs): out of the measured runs,
 # so that both kinds start from a kept check record, and its own peak beside them.
 _CHECK = """import sys
-from vit_ct.data.datamodule import CTSliceDataModule
+from vit_ct.data.loading.datamodule import CTSliceDataModule
 CTSliceDataModule(sys.argv[1], cache=False, img_size=int(sys.argv[2]), num_workers=0).setup("fit")
 """
 

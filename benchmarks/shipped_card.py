@@ -18,9 +18,10 @@ from rich.progress import track
 from sklearn.metrics import roc_auc_score
 from torch.utils.data import DataLoader
 
-from vit_ct.data.manifest import read_manifest
-from vit_ct.data.slice_dataset import CTSliceDataset, collate
-from vit_ct.explain.localisation import LocalisationMetrics, localisation_maps, model_grid_spacing_mm
+from vit_ct.data.loading.slice_dataset import CTSliceDataset, collate
+from vit_ct.data.manifests.manifest import read_manifest
+from vit_ct.explain.maps import localisation_maps
+from vit_ct.metrics.localisation import LocalisationMetrics, model_grid_spacing_mm
 from vit_ct.model import ViTClassifier, shipped
 from vit_ct.run.hardware import describe_machine
 from vit_ct.run.records import RECORDS, command_line, write_record

@@ -38,9 +38,10 @@ from sklearn.preprocessing import StandardScaler
 from timm.optim import param_groups_weight_decay
 from torch.utils.data import DataLoader
 
-from vit_ct.data.datamodule import CTSliceDataModule, CTSliceDataset
-from vit_ct.explain.localisation import LocalisationMetrics, model_grid_spacing_mm, score_slices, upsampled_rollout
+from vit_ct.data.loading.datamodule import CTSliceDataModule, CTSliceDataset
+from vit_ct.explain.maps import upsampled_rollout
 from vit_ct.explain.segmentation import perfect_patch_map
+from vit_ct.metrics.localisation import LocalisationMetrics, model_grid_spacing_mm, score_slices
 from vit_ct.model import ViTClassifier
 from vit_ct.model.optim import warmup_cosine_schedule
 from vit_ct.run.hardware import auto_precision, describe_machine

@@ -34,7 +34,7 @@ MODES = {"memory": "true", "disk": "disk"}  # row name: data.cache
 # One run's start-up, as a fresh process does it: imports, then the data module's setup for `fit`.
 _SETUP = """import json, sys, time
 start = time.perf_counter()
-from vit_ct.data.datamodule import CTSliceDataModule
+from vit_ct.data.loading.datamodule import CTSliceDataModule
 imported = time.perf_counter()
 manifest, cache, cache_dir, img_size = sys.argv[1:5]
 data = CTSliceDataModule(manifest, cache={"true": True, "false": False}.get(cache, cache), cache_dir=cache_dir,
@@ -163,8 +163,8 @@ def per_slice(rows: dict, n_small: int, n_large: int) -> dict:
 def checksum_cost(folder: Path, *, img_size: int = 256, n_slots: int = 1024, batch: int = 64, repeats: int = 30):
     """ms per batch of the disk cache's gather alone and with its checksums verified, random slots of a float16
     cache at ``img_size`` (the gathered pages in the page cache, as in a later epoch)."""
-    from vit_ct.data.check_record import FileStat
-    from vit_ct.data.slice_cache import SliceCache, SlotInfo, SlotKey
+    from vit_ct.data.cache.check_record import FileStat
+    from vit_ct.data.cache.slice_cache import SliceCache, SlotInfo, SlotKey
 
     shutil.rmtree(folder, ignore_errors=True)
     cache = SliceCache(folder, img_size=img_size)

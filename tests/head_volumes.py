@@ -8,7 +8,7 @@ from pathlib import Path
 import nibabel as nib
 import numpy as np
 
-from vit_ct.data.reader import load_ct_slice, load_mask
+from vit_ct.data.io.reader import load_ct_slice, load_mask
 
 BLEED_HU = 75
 # dcm2niix / ITK from axial DICOM: LPS flipped to RAS, so voxel axis 0 runs to the patient's left and axis 1 to the

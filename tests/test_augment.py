@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from conftest import quiet_trainer
 
-from vit_ct.data.augment import BatchAugmentation, adjust_contrast, affine_grid, warp, windowed_noise
-from vit_ct.data.datamodule import CTSliceDataModule
+from vit_ct.data.loading.datamodule import CTSliceDataModule
+from vit_ct.data.transforms.augment import BatchAugmentation, adjust_contrast, affine_grid, warp, windowed_noise
 
 OFF = {"flip_prob": 0.0, "affine_prob": 0.0, "noise_prob": 0.0, "contrast_prob": 0.0}
 

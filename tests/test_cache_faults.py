@@ -15,11 +15,11 @@ import pytest
 import torch
 from npy_manifest import write_npy_manifest
 
-from vit_ct.data import manifest_files
-from vit_ct.data.check_record import CheckRecord
-from vit_ct.data.datamodule import CTSliceDataModule
-from vit_ct.data.manifest import read_manifest, validate_manifest_files
-from vit_ct.data.slice_cache import CacheSlotError, SliceCache
+from vit_ct.data.cache.check_record import CheckRecord
+from vit_ct.data.cache.slice_cache import CacheSlotError, SliceCache
+from vit_ct.data.loading.datamodule import CTSliceDataModule
+from vit_ct.data.manifests import manifest_files
+from vit_ct.data.manifests.manifest import read_manifest, validate_manifest_files
 
 MODES = {"disk": "hu.f16", True: "hu.f32"}  # cache option: its data file
 

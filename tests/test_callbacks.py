@@ -11,7 +11,7 @@ from conftest import quiet_trainer
 from lightning.pytorch.loggers import WandbLogger
 from PIL import Image
 
-from vit_ct.data.datamodule import CTSliceDataModule
+from vit_ct.data.loading.datamodule import CTSliceDataModule
 from vit_ct.model import ViTClassifier
 from vit_ct.run.wandb_media import RolloutOverlayCallback
 

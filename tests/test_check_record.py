@@ -12,10 +12,10 @@ import pytest
 from npy_manifest import write_npy_manifest
 from pydicom.data import get_testdata_file
 
-from vit_ct.data import manifest_files
-from vit_ct.data.check_record import CheckRecord, FileStat, stat_file
-from vit_ct.data.datamodule import CTSliceDataModule
-from vit_ct.data.manifest import read_manifest, validate_manifest_files
+from vit_ct.data.cache.check_record import CheckRecord, FileStat, stat_file
+from vit_ct.data.loading.datamodule import CTSliceDataModule
+from vit_ct.data.manifests import manifest_files
+from vit_ct.data.manifests.manifest import read_manifest, validate_manifest_files
 
 
 @pytest.fixture
@@ -128,7 +128,7 @@ def test_an_unwritable_cache_folder_is_named(tmp_path):
 
 _CHECK = """
 import sys
-from vit_ct.data.datamodule import CTSliceDataModule
+from vit_ct.data.loading.datamodule import CTSliceDataModule
 data = CTSliceDataModule(sys.argv[1], img_size=16, num_workers=0, cache="disk", cache_dir=sys.argv[2])
 data.check("fit")
 print("read, cached:", data.check_record.added, data.slice_cache.written)

@@ -15,8 +15,8 @@ from npy_manifest import write_npy_manifest
 # The real check with 2 workers on 400 slices made slow to read (25 ms each: ~5 s), so that the kill finds it busy.
 _CHECK = """
 import sys, time
-from vit_ct.data import manifest_files
-from vit_ct.data.manifest import read_manifest, validate_manifest_files
+from vit_ct.data.manifests import manifest_files
+from vit_ct.data.manifests.manifest import read_manifest, validate_manifest_files
 
 real = manifest_files.load_ct_slice
 def slow(*args, **kwargs):
@@ -73,7 +73,7 @@ def test_killing_the_check_with_sigkill_leaves_no_worker(tmp_path):
 
 _WATCHED = """
 import os, sys, time
-from vit_ct.data import check_workers
+from vit_ct.data.manifests import check_workers
 check_workers._POLL_SECONDS = 0.05
 parent = os.getppid()
 if os.fork() == 0:  # a grandchild bound to this process by the portable watchdog alone (no prctl)
@@ -103,5 +103,8 @@ def test_the_portable_watchdog_ends_a_worker_whose_parent_died():
 
 def test_die_with_parent_ends_at_once_when_the_parent_is_already_gone():
     """The parent may die between the fork and the request for the signal: the worker then ends by itself."""
-    script = "import os; from vit_ct.data.check_workers import die_with_parent; die_with_parent(os.getppid() + 10**6)"
+    script = (
+        "import os; from vit_ct.data.manifests.check_workers import die_with_parent;"
+        " die_with_parent(os.getppid() + 10**6)"
+    )
     assert subprocess.run([sys.executable, "-c", script], timeout=60).returncode == 1

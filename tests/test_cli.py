@@ -20,7 +20,7 @@ from wandb_records import history_and_config
 
 from vit_ct import CTSliceDataModule, ViTClassifier, load_ct_slice
 from vit_ct.cli import main
-from vit_ct.explain.localisation import SCORES
+from vit_ct.metrics.localisation import SCORES
 from vit_ct.run.hardware import auto_precision
 
 ROOT = Path(__file__).resolve().parents[1]

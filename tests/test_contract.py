@@ -14,7 +14,7 @@ from npy_manifest import manifest_args, write_npy_manifest
 
 from vit_ct import ViTClassifier
 from vit_ct.cli import main
-from vit_ct.data.contract import CHECKPOINT_KEY, InputContract
+from vit_ct.data.transforms.contract import CHECKPOINT_KEY, InputContract
 from vit_ct.model import shipped, weights_input
 from vit_ct.review import review_datamodule
 from vit_ct.run.checkpoint import BestAndLastCheckpoint, read_checkpoint, read_wandb_run_id

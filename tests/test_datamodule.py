@@ -17,8 +17,8 @@ from npy_manifest import write_npy_manifest
 from pydicom.data import get_testdata_file
 
 from vit_ct.cli import main
-from vit_ct.data.datamodule import CTSliceDataModule
-from vit_ct.data.distributed import MarkedPaddingSampler, decode_index
+from vit_ct.data.loading.datamodule import CTSliceDataModule
+from vit_ct.data.loading.distributed import MarkedPaddingSampler, decode_index
 from vit_ct.run.runs import run_dir
 
 LABELS = ["epidural", "subdural", "any"]

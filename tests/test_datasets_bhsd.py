@@ -13,7 +13,7 @@ import pytest
 from head_volumes import DCM2NIIX_AFFINE, TILTED_AFFINE, bleed_pixels_agree, head_hu, write_volume
 
 from vit_ct.data.datasets import write_dataset_manifest
-from vit_ct.data.manifest import read_manifest, validate_manifest_files
+from vit_ct.data.manifests.manifest import read_manifest, validate_manifest_files
 
 SUBTYPES = ["epidural", "intraparenchymal", "intraventricular", "subarachnoid", "subdural"]
 VOLUMES = {  # RSNA PatientID_StudyInstanceUID: (affine, slices, {voxel: label value})

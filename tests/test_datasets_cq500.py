@@ -14,8 +14,8 @@ from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian, generate_uid
 
 from vit_ct.data.datasets import write_dataset_manifest
-from vit_ct.data.manifest import read_manifest, validate_manifest_files
-from vit_ct.data.reader import load_ct_slice
+from vit_ct.data.io.reader import load_ct_slice
+from vit_ct.data.manifests.manifest import read_manifest, validate_manifest_files
 
 FINDINGS = ["ICH", "IPH", "IVH", "SDH", "EDH", "SAH", "BleedLocation-Left", "BleedLocation-Right", "ChronicBleed",
             "Fracture", "CalvarialFracture", "OtherFracture", "MassEffect", "MidlineShift"]  # fmt: skip

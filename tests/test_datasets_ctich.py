@@ -13,8 +13,8 @@ import pytest
 from head_volumes import DCM2NIIX_AFFINE, bleed_pixels_agree, head_hu, write_volume
 
 from vit_ct.data.datasets import write_dataset_manifest
-from vit_ct.data.manifest import read_manifest, validate_manifest_files
-from vit_ct.data.reader import load_mask
+from vit_ct.data.io.reader import load_mask
+from vit_ct.data.manifests.manifest import read_manifest, validate_manifest_files
 
 SUBTYPES = ["epidural", "intraparenchymal", "intraventricular", "subarachnoid", "subdural"]
 HEADER = ("PatientNumber,SliceNumber,Intraventricular,Intraparenchymal,Subarachnoid,Epidural,Subdural,No_Hemorrhage,"

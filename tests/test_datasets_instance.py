@@ -12,7 +12,7 @@ import pytest
 from head_volumes import DCM2NIIX_AFFINE, TILTED_AFFINE, bleed_pixels_agree, head_hu, write_volume
 
 from vit_ct.data.datasets import write_dataset_manifest
-from vit_ct.data.manifest import read_manifest, validate_manifest_files
+from vit_ct.data.manifests.manifest import read_manifest, validate_manifest_files
 
 CASES = {  # name: (affine, slices, bleed voxels, their label values)
     "001": (DCM2NIIX_AFFINE, 4, [(5, 5, 1), (5, 6, 1), (9, 12, 2)], [1, 1, 1]),

@@ -1,5 +1,6 @@
 """RSNA 2019 by name: the Kaggle layout converted through `write_dataset_manifest` gives what
-`vit_ct.data.rsna.build_rsna_manifest` gives, plus ``label`` (= ``any``), the name every public set uses."""
+`vit_ct.data.datasets.rsna_manifest.build_rsna_manifest` gives, plus ``label`` (= ``any``), the name every public set
+uses."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import pytest
 from test_rsna import RSNA_LABELS, phantom_hu, write_ct_dicom
 
 from vit_ct.data.datasets import dataset_info, write_dataset_manifest
-from vit_ct.data.manifest import read_manifest
-from vit_ct.data.rsna import build_rsna_manifest
+from vit_ct.data.datasets.rsna_manifest import build_rsna_manifest
+from vit_ct.data.manifests.manifest import read_manifest
 
 
 @pytest.fixture

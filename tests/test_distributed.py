@@ -20,8 +20,9 @@ from sklearn.metrics import roc_auc_score
 from torch.utils.data import DistributedSampler
 
 from vit_ct import CTSliceDataModule, ViTClassifier
-from vit_ct.data.distributed import EpochShuffleSampler, MarkedPaddingSampler, ResumableDataLoader, decode_index
-from vit_ct.explain.localisation import localisation_maps, scores_per_slice
+from vit_ct.data.loading.distributed import EpochShuffleSampler, MarkedPaddingSampler, ResumableDataLoader, decode_index
+from vit_ct.explain.maps import localisation_maps
+from vit_ct.metrics.localisation import scores_per_slice
 
 TESTS = Path(__file__).resolve().parent
 

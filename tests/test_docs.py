@@ -27,7 +27,7 @@ PROSE = {
     "128 KiB": "a float16 slice at 256 x 256: 256 * 256 * 2 bytes (the disk cache's format)",
     "30 min": "torch.distributed's default process-group timeout (Lightning's barrier in prepare_data)",
     "60 s": "the verdicts' lock timeout (vit_ct/review/verdicts.py)",
-    "5 s": "how often the disk cache flushes while it is built (vit_ct/data/slice_cache.py)",
+    "5 s": "how often the disk cache flushes while it is built (vit_ct/data/cache/slice_cache.py)",
     "0.625": "the thinnest slice the pretraining set draws (SLICE_THICKNESSES_MM, vit_ct/sim/protocol.py)",
 }
 

@@ -1,14 +1,17 @@
 """The package's layering, read from the imports (AST), and old ``class_path`` strings that saved configs still hold.
 
-Each room imports only the rooms below it: ``files`` and ``progress`` nothing; ``data`` only those; ``sim`` and
-``explain`` only ``data`` (no model, no CLI); ``metrics`` those; ``model`` those; ``run`` those and ``sim``;
-``predict`` and ``review`` those and ``run``; nothing imports the CLI but ``python -m vit_ct``; no import
-cycle anywhere.
+Each room imports only the rooms below it, exactly as the README's package map states: ``files`` and ``progress``
+(the foundation) nothing; ``data`` only those, its sub-rooms each only the ones before it in ``transforms``, ``io``,
+``cache``, ``manifests``, then ``loading`` and ``datasets``; ``sim`` only ``data``; ``explain`` of ``data`` only
+``transforms`` (the HU windows), no model; ``metrics`` ``data`` and ``explain``; ``model`` those; ``run`` those and
+``sim``; ``predict`` those and ``run``; ``review`` those and ``predict``; nothing imports the CLI but
+``python -m vit_ct``; no import cycle anywhere.
 """
 
 from __future__ import annotations
 
 import ast
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -18,17 +21,23 @@ from vit_ct.cli import main
 
 PACKAGE = Path(__file__).resolve().parents[1] / "vit_ct"
 BASE = {"files", "progress"}
+# data's sub-rooms, each importing only the ones before it (loading and datasets know each other not)
+DATA_ORDER = ["data.transforms", "data.io", "data.cache", "data.manifests"]
+DATA = {"data", *DATA_ORDER, "data.loading", "data.datasets"}
 ALLOWED = {
     "files": set(),
     "progress": set(),
     "data": {"data", *BASE},
-    "sim": {"data", "sim", *BASE},
-    "explain": {"data", "explain", *BASE},
-    "metrics": {"data", "explain", "metrics", *BASE},
-    "model": {"data", "explain", "metrics", "model", *BASE},
-    "run": {"data", "explain", "metrics", "model", "sim", "run", *BASE},
-    "predict": {"data", "explain", "metrics", "model", "run", "predict", *BASE},
-    "review": {"data", "explain", "metrics", "model", "run", "predict", "review", *BASE},
+    **{room: {*DATA_ORDER[: i + 1], *BASE} for i, room in enumerate(DATA_ORDER)},
+    "data.loading": {*DATA_ORDER, "data.loading", *BASE},
+    "data.datasets": {*DATA_ORDER, "data.datasets", *BASE},
+    "sim": {*DATA, "sim", *BASE},
+    "explain": {"data.transforms", "explain", *BASE},
+    "metrics": {*DATA, "explain", "metrics", *BASE},
+    "model": {*DATA, "explain", "metrics", "model", *BASE},
+    "run": {*DATA, "explain", "metrics", "model", "sim", "run", *BASE},
+    "predict": {*DATA, "explain", "metrics", "model", "run", "predict", *BASE},
+    "review": {*DATA, "explain", "metrics", "model", "run", "predict", "review", *BASE},
 }
 
 
@@ -55,8 +64,18 @@ def imports() -> dict[str, set[str]]:
 
 
 def folder(module: str) -> str | None:
+    """The room of a module: its folder under ``vit_ct/`` (``data.<sub-room>`` inside ``data/``), a foundation module,
+    or None for the entry points at the top (``__init__``, ``__main__``, ``cli``)."""
     parts = module.split(".")
+    if len(parts) > 2 and parts[1] == "data" and (PACKAGE / "data" / parts[2]).is_dir():
+        return f"data.{parts[2]}"
     return parts[1] if len(parts) > 2 or parts[-1] in ALLOWED else None
+
+
+def test_every_room_has_its_rule():
+    rooms = {folder(m) for m in imports()} - {None}
+    assert rooms == set(ALLOWED), f"rooms without a rule {sorted(rooms - set(ALLOWED))}, rules without a room "
+    f"{sorted(set(ALLOWED) - rooms)}"
 
 
 @pytest.mark.parametrize("room", sorted(ALLOWED))
@@ -95,15 +114,29 @@ def test_no_import_cycle():
         visit(module, [])
 
 
-def test_the_rules_see_a_forbidden_import(tmp_path, monkeypatch):
-    """The walk is real: a data module that imports the model is caught."""
-    bad = PACKAGE / "data" / "_layout_probe.py"
+@pytest.mark.parametrize(
+    ("room", "where", "line"),
+    [("data", "data", "from vit_ct.model import ViTClassifier"),
+     ("data.io", "data/io", "from vit_ct.data.loading.datamodule import CTSliceDataModule"),
+     ("explain", "explain", "from vit_ct.data.io.reader import load_ct_slice")],
+)  # fmt: skip
+def test_the_rules_see_a_forbidden_import(room, where, line):
+    """The walk is real: a data module that imports the model, a room of data that imports one after it, and
+    explain reading files are each caught."""
+    bad = PACKAGE / where / "_layout_probe.py"
     try:
-        bad.write_text("def f():\n    from vit_ct.model import ViTClassifier\n")
+        bad.write_text(f"def f():\n    {line}\n")
         with pytest.raises(AssertionError, match="_layout_probe"):
-            test_each_folder_imports_only_the_folders_below_it("data")
+            test_each_folder_imports_only_the_folders_below_it(room)
     finally:
         bad.unlink()
+
+
+def test_no_module_name_in_two_folders():
+    """A base name means one concept: ``scans.py`` is the whole scans of ``data/io/``, nowhere else."""
+    names = Counter(p.name for p in PACKAGE.rglob("*.py"))
+    twice = {name for name, n in names.items() if n > 1} - {"__init__.py", "__main__.py"}
+    assert not twice, {name: sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob(name)) for name in twice}
 
 
 @pytest.mark.parametrize(
@@ -123,12 +156,12 @@ def test_class_paths_of_earlier_releases_still_load(tmp_path, capsys, class_path
 
 
 def test_a_class_that_left_a_module_still_there_loads_by_its_old_path_with_a_warning(tmp_path, capsys):
-    """``vit_ct.progress`` stayed (progress bars) while ``EpochLines`` moved to ``vit_ct.run.progress``: a saved
+    """``vit_ct.progress`` stayed (progress bars) while ``EpochLines`` moved to ``vit_ct.run.epoch_progress``: a saved
     ``--trainer.callbacks+=vit_ct.progress.EpochLines`` still loads, and Python code is told where it lives now."""
     import vit_ct.progress
-    from vit_ct.run.progress import EpochLines
+    from vit_ct.run.epoch_progress import EpochLines
 
-    moved = r"vit_ct\.progress\.EpochLines moved to vit_ct\.run\.progress\.EpochLines"
+    moved = r"vit_ct\.progress\.EpochLines moved to vit_ct\.run\.epoch_progress\.EpochLines"
     with pytest.warns(DeprecationWarning, match=moved):
         from vit_ct.progress import EpochLines as old
     assert old is EpochLines

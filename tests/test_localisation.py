@@ -5,8 +5,9 @@ import pytest
 import torch
 from sklearn.metrics import roc_auc_score
 
-from vit_ct.explain.localisation import LocalisationMetrics, localisation_maps, model_grid_spacing_mm, pixel_auroc
+from vit_ct.explain.maps import localisation_maps
 from vit_ct.explain.segmentation import perfect_patch_map
+from vit_ct.metrics.localisation import LocalisationMetrics, model_grid_spacing_mm, pixel_auroc
 from vit_ct.model import ViTClassifier
 
 torch.set_num_threads(1)

@@ -1,4 +1,4 @@
-"""vit_ct.data.manifest: reading and checking the CSV, the seeded split by patient, and the file check."""
+"""vit_ct.data.manifests.manifest: reading and checking the CSV, the seeded split by patient, and the file check."""
 
 import shutil
 import textwrap
@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from pydicom.data import get_testdata_file
 
-from vit_ct.data.manifest import BadFile, assign_splits, read_manifest, validate_manifest_files
+from vit_ct.data.manifests.manifest import BadFile, assign_splits, read_manifest, validate_manifest_files
 
 
 def write_csv(folder, text, name="manifest.csv"):

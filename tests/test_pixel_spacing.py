@@ -16,9 +16,10 @@ from npy_manifest import write_npy_manifest
 from pydicom.data import get_testdata_file
 
 from vit_ct import CTSliceDataModule, ViTClassifier
-from vit_ct.data.manifest import read_manifest
-from vit_ct.explain import localisation
-from vit_ct.explain.localisation import LocalisationMetrics, localisation_maps, scores_per_slice
+from vit_ct.data.manifests.manifest import read_manifest
+from vit_ct.explain.maps import localisation_maps
+from vit_ct.metrics import localisation
+from vit_ct.metrics.localisation import LocalisationMetrics, scores_per_slice
 from vit_ct.predict.writer import PredictionWriter
 
 SIZE = 40  # the test slices' rows and columns (npy_manifest); the model grid is 32 x 32

@@ -19,7 +19,7 @@ import pydicom
 import pytest
 from PIL import Image
 
-from vit_ct.data.reader import load_ct_slice
+from vit_ct.data.io.reader import load_ct_slice
 from vit_ct.sim.cohort import CohortConfig, simulate_cohort_patient
 from vit_ct.sim.contact_sheet import choose_slices, contact_sheet
 from vit_ct.sim.pretraining import PROGRESS, SCANNER_COLUMNS, main, patient_id, write_pretraining_set

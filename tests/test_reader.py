@@ -1,4 +1,4 @@
-"""vit_ct.data.reader against pydicom's own values on real files, hand computations, and every kind of bad input."""
+"""vit_ct.data.io.reader against pydicom's own values on real files, hand computations, and every kind of bad input."""
 
 import io
 import re
@@ -18,7 +18,7 @@ from pydicom.pixels import apply_modality_lut
 from pydicom.sequence import Sequence
 from pydicom.uid import MPEG2MPML, JPEGBaseline8Bit, RLELossless
 
-from vit_ct.data.reader import (
+from vit_ct.data.io.reader import (
     UnreadableFileError,
     load_ct_slice,
     load_mask,

@@ -230,7 +230,7 @@ def test_every_documented_composition_gives_the_model_the_input_its_checkpoint_e
     names a checkpoint (`--ckpt_path`, or a vit-ct checkpoint in `--model.weights`) the data prepares slices exactly
     as that checkpoint records, whatever the configs say."""
     from vit_ct.cli import VitCTCLI, main
-    from vit_ct.data.contract import InputContract
+    from vit_ct.data.transforms.contract import InputContract
     from vit_ct.run.checkpoint import read_checkpoint
 
     user_files(tmp_path, synthetic_set)

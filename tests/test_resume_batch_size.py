@@ -14,7 +14,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from npy_manifest import write_npy_manifest
 
 from vit_ct import CTSliceDataModule, ViTClassifier
-from vit_ct.data.distributed import EpochShuffleSampler, ResumableDataLoader
+from vit_ct.data.loading.distributed import EpochShuffleSampler, ResumableDataLoader
 from vit_ct.run.checkpoint import BestAndLastCheckpoint, ResumeState
 
 TINY = {"embed_dim": 32, "depth": 2, "num_heads": 2, "img_size": 32, "in_chans": 1}

@@ -18,8 +18,8 @@ from matplotlib.figure import Figure
 from PIL import Image
 
 from vit_ct import ViTClassifier, review
-from vit_ct.data.slice_dataset import slice_item
-from vit_ct.explain.localisation import (
+from vit_ct.data.loading.slice_dataset import slice_item
+from vit_ct.metrics.localisation import (
     MAP_SOURCES,
     SCORES,
     SURFACE_DISTANCE_SOURCES,

@@ -1,5 +1,5 @@
-"""vit_ct.data.rsna: the Kaggle RSNA 2019 ICH layout (real and synthetic DICOMs) as a manifest, the competition metric
-against a hand computation, and a few training steps with configs/rsna_ich.yaml."""
+"""vit_ct.data.datasets.rsna_manifest: the Kaggle RSNA 2019 ICH layout (real and synthetic DICOMs) as a manifest, the
+competition metric against a hand computation, and a few training steps with configs/rsna_ich.yaml."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from pydicom.data import get_testdata_file
 from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian, generate_uid
 
-from vit_ct.data.manifest import read_manifest
-from vit_ct.data.reader import load_ct_slice
-from vit_ct.data.rsna import RSNA_LABELS, build_rsna_manifest, main, read_rsna_labels
+from vit_ct.data.datasets.rsna_manifest import RSNA_LABELS, build_rsna_manifest, main, read_rsna_labels
+from vit_ct.data.io.reader import load_ct_slice
+from vit_ct.data.manifests.manifest import read_manifest
 from vit_ct.metrics.classification import WeightedLogLoss
 
 ROOT = Path(__file__).resolve().parents[1]

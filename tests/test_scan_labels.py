@@ -19,12 +19,12 @@ from conftest import TINY_MODEL_ARGS
 from npy_manifest import BEST_BY_VAL_AUROC, manifest_args, write_npy_manifest
 from test_datasets_cq500 import cq500_root  # noqa: F401  (the fixture: CQ500's layout)
 
-from vit_ct.data.datamodule import CTSliceDataModule
 from vit_ct.data.datasets import write_dataset_manifest
-from vit_ct.data.distributed import EpochShuffleSampler
-from vit_ct.data.manifest import read_manifest
-from vit_ct.data.slice_dataset import CTSliceDataset
-from vit_ct.data.splits import assign_splits
+from vit_ct.data.loading.datamodule import CTSliceDataModule
+from vit_ct.data.loading.distributed import EpochShuffleSampler
+from vit_ct.data.loading.slice_dataset import CTSliceDataset
+from vit_ct.data.manifests.manifest import read_manifest
+from vit_ct.data.manifests.splits import assign_splits
 from vit_ct.model.losses import classification_loss
 from vit_ct.model.scan_bags import ScanBags, ScanMemory, lesion_evidence, pool_bags
 

@@ -11,8 +11,8 @@ from monai.transforms import GaussianSmooth
 from test_augment import _Recorder
 
 from vit_ct import CTSliceDataModule
-from vit_ct.data.model_input import apply_windows
-from vit_ct.data.scanner_augment import KERNEL_SIGMAS, ScannerAugmentation
+from vit_ct.data.transforms.model_input import apply_windows
+from vit_ct.data.transforms.scanner_augment import KERNEL_SIGMAS, ScannerAugmentation
 
 OFF = {"kernel_prob": 0.0, "noise_prob": 0.0, "calibration_prob": 0.0}
 

@@ -20,8 +20,8 @@ from pydicom.uid import generate_uid
 
 from vit_ct import load_ct_slice
 from vit_ct.cli import main
-from vit_ct.data.reader import from_display
-from vit_ct.data.scans import LPS_TO_RAS, find_scans
+from vit_ct.data.io.reader import from_display
+from vit_ct.data.io.scans import LPS_TO_RAS, find_scans
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = str(ROOT / "configs" / "demo.yaml")

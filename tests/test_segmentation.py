@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from vit_ct.explain.localisation import LocalisationMetrics
 from vit_ct.explain.segmentation import half_max_region, perfect_patch_map, segmentation_scores
+from vit_ct.metrics.localisation import LocalisationMetrics
 
 
 def _canvas(*pixels: tuple[int, int], size: int = 12) -> torch.Tensor:

@@ -13,7 +13,7 @@ import torch
 from conftest import TINY_MODEL_ARGS
 
 from vit_ct.cli import main
-from vit_ct.data.datamodule import CTBatch
+from vit_ct.data.loading.datamodule import CTBatch
 from vit_ct.sim.phantom import PhantomConfig
 from vit_ct.sim.simulator import (
     SimulatedSliceStream,

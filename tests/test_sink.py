@@ -10,7 +10,7 @@ import torch
 from vit_ct.explain.attention import from_full_sequence, record_attention, to_full_sequence
 from vit_ct.explain.maps import explain_forward, explain_gradient_rollout
 from vit_ct.explain.rollout import attention_rollout, class_token_rollout
-from vit_ct.explain.sink import SinkMetrics, air_patches, class_token_shares, mass_share, patch_level_floor
+from vit_ct.metrics.sink import SinkMetrics, air_patches, class_token_shares, mass_share, patch_level_floor
 from vit_ct.model import ViTClassifier
 from vit_ct.model.losses import attention_loss, lesion_share
 from vit_ct.model.network import attention_keys

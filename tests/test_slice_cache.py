@@ -18,14 +18,14 @@ from lightning.pytorch import Callback
 from npy_manifest import manifest_args, write_npy_manifest
 from pydicom.data import get_testdata_file
 
-from vit_ct.data import slice_dataset
-from vit_ct.data.check_record import CheckRecord
-from vit_ct.data.datamodule import CTSliceDataModule
-from vit_ct.data.manifest import manifest_frame, read_manifest, validate_manifest_files
-from vit_ct.data.model_input import HEAD_HU, apply_windows, grid_hu
-from vit_ct.data.reader import load_ct_slice
-from vit_ct.data.slice_cache import SliceCache
-from vit_ct.data.windows import parse_windows, stack_windows
+from vit_ct.data.cache.check_record import CheckRecord
+from vit_ct.data.cache.slice_cache import SliceCache
+from vit_ct.data.io.reader import load_ct_slice
+from vit_ct.data.loading import slice_dataset
+from vit_ct.data.loading.datamodule import CTSliceDataModule
+from vit_ct.data.manifests.manifest import manifest_frame, read_manifest, validate_manifest_files
+from vit_ct.data.transforms.model_input import HEAD_HU, apply_windows, grid_hu
+from vit_ct.data.transforms.windows import parse_windows, stack_windows
 
 TESTS = Path(__file__).resolve().parent
 WINDOWS = ["brain", "subdural", "bone"]
@@ -188,11 +188,11 @@ def test_a_changed_file_rebuilds_its_slot_only_and_a_new_grid_a_cache_of_its_own
 _KILLED_WRITER = """
 import os, signal, sys
 import numpy as np
-from vit_ct.data import manifest_files
-from vit_ct.data import slice_dataset
-from vit_ct.data.check_record import CheckRecord
-from vit_ct.data.manifest import read_manifest, validate_manifest_files
-from vit_ct.data.slice_cache import SliceCache
+from vit_ct.data.manifests import manifest_files
+from vit_ct.data.loading import slice_dataset
+from vit_ct.data.cache.check_record import CheckRecord
+from vit_ct.data.manifests.manifest import read_manifest, validate_manifest_files
+from vit_ct.data.cache.slice_cache import SliceCache
 
 manifest_files._COMMIT_SECONDS = 0  # commit after every slice, so that the kill finds some slots done
 real, writes = SliceCache.write, []

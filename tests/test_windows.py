@@ -1,10 +1,10 @@
-"""vit_ct.data.windows against hand-computed values."""
+"""vit_ct.data.transforms.windows against hand-computed values."""
 
 import numpy as np
 import pytest
 import torch
 
-from vit_ct.data.windows import WINDOW_PRESETS, parse_windows, stack_windows, window_hu
+from vit_ct.data.transforms.windows import WINDOW_PRESETS, parse_windows, stack_windows, window_hu
 
 
 def test_presets_are_the_head_ct_ones():

@@ -14,14 +14,14 @@ from vit_ct.run.aliases import register_aliases
 
 # public name -> the module that defines it
 _PUBLIC = {
-    "CTBatch": "vit_ct.data.datamodule",
-    "CTSliceDataModule": "vit_ct.data.datamodule",
-    "CTSliceDataset": "vit_ct.data.datamodule",
-    "load_ct_slice": "vit_ct.data.reader",
-    "load_mask": "vit_ct.data.reader",
-    "WINDOW_PRESETS": "vit_ct.data.windows",
-    "stack_windows": "vit_ct.data.windows",
-    "window_hu": "vit_ct.data.windows",
+    "CTBatch": "vit_ct.data.loading.datamodule",
+    "CTSliceDataModule": "vit_ct.data.loading.datamodule",
+    "CTSliceDataset": "vit_ct.data.loading.datamodule",
+    "load_ct_slice": "vit_ct.data.io.reader",
+    "load_mask": "vit_ct.data.io.reader",
+    "WINDOW_PRESETS": "vit_ct.data.transforms.windows",
+    "stack_windows": "vit_ct.data.transforms.windows",
+    "window_hu": "vit_ct.data.transforms.windows",
     "record_attention": "vit_ct.explain.attention",
     "attention_rollout": "vit_ct.explain.rollout",
     "gradient_rollout": "vit_ct.explain.rollout",
@@ -31,9 +31,9 @@ _PUBLIC = {
 }
 
 if TYPE_CHECKING:  # what the names are, for type checkers and editors
-    from vit_ct.data.datamodule import CTBatch, CTSliceDataModule, CTSliceDataset
-    from vit_ct.data.reader import load_ct_slice, load_mask
-    from vit_ct.data.windows import WINDOW_PRESETS, stack_windows, window_hu
+    from vit_ct.data.io.reader import load_ct_slice, load_mask
+    from vit_ct.data.loading.datamodule import CTBatch, CTSliceDataModule, CTSliceDataset
+    from vit_ct.data.transforms.windows import WINDOW_PRESETS, stack_windows, window_hu
     from vit_ct.explain.attention import record_attention
     from vit_ct.explain.rollout import attention_rollout, gradient_rollout, last_block_attention
     from vit_ct.model.classifier import ViTClassifier

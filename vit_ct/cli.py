@@ -1,6 +1,6 @@
 """The ``vit-ct`` command (also ``python -m vit_ct``): ``fit``, ``validate``, ``test`` and ``predict`` through a
 LightningCLI (:mod:`vit_ct.run.command`) with W&B tracking and checkpoints, and ``manifest``
-(:mod:`vit_ct.predict.manifest`: the slices of DICOM folders and NIfTI volumes, or a public dataset by name).
+(:mod:`vit_ct.predict.manifest_command`: the slices of DICOM folders and NIfTI volumes, or a public dataset by name).
 
 ``vit-ct --help`` and ``vit-ct manifest --help`` answer without importing torch, Lightning or timm (they are imported
 once a subcommand needs them). An error prints its message and where it was raised, and exits 1; ``--debug`` (or
@@ -38,7 +38,7 @@ def main(args: list[str] | None = None, *, run: bool = True):
     """
     argv = sys.argv[1:] if args is None else list(args)
     if argv[:1] == ["manifest"]:
-        from vit_ct.predict.manifest import main as manifest_main
+        from vit_ct.predict.manifest_command import main as manifest_main
 
         manifest_main(argv[1:])
         return None
@@ -76,13 +76,13 @@ def _cli(args: list[str] | None, run: bool):
     from jsonargparse import lazy_instance
     from lightning.pytorch.loggers import WandbLogger
 
-    from vit_ct.data.slice_module import SliceDataModule
+    from vit_ct.data.loading.slice_module import SliceDataModule
     from vit_ct.model import ViTClassifier
     from vit_ct.run.checkpoint import ResumeState
     from vit_ct.run.command import CommandParser, VitCTCLI
     from vit_ct.run.console import quiet_lightning
+    from vit_ct.run.epoch_progress import EpochLines, progress_bar
     from vit_ct.run.learning_rate import PeakLearningRate
-    from vit_ct.run.progress import EpochLines, progress_bar
     from vit_ct.run.runs import BadFilesReport, LoggedConfigCallback
     from vit_ct.run.scan_auroc import ScanAUROC
     from vit_ct.run.threads import use_threads
@@ -140,7 +140,7 @@ def _prediction_writers(output_dir: str, overwrite: bool, inputs: list) -> list:
     """What ``predict`` writes ``output_dir`` with: ``predictions.csv``, maps and overlays, then per scan
     ``scans.csv`` and NIfTI volumes (it reads the first one's ``predictions.csv``). A non-empty ``output_dir`` is
     refused here, before any slice is read, unless ``overwrite``."""
-    from vit_ct.predict.scans import ScanResultsWriter
+    from vit_ct.predict.scan_writer import ScanResultsWriter
     from vit_ct.predict.writer import PredictionWriter
 
     writer = PredictionWriter(output_dir, overwrite=overwrite, inputs=inputs)

@@ -1,28 +1,38 @@
 """Run a timm ViT on a batch and explain its decision as a patch map: attention rollout
-(Abnar & Zuidema 2020, arXiv:2005.00928) or gradient-weighted rollout (Chefer et al. 2021, arXiv:2103.15679).
+(Abnar & Zuidema 2020, arXiv:2005.00928) or gradient-weighted rollout (Chefer et al. 2021, arXiv:2103.15679); and the
+maps brought to the slice grid, beside the floors and the ceiling the localisation scores compare them with.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from vit_ct.explain.attention import num_prefix_tokens, patch_grid, record_attention
 from vit_ct.explain.rollout import HeadFusion, class_token_rollout, gradient_rollout
+from vit_ct.explain.segmentation import perfect_patch_map
 
 
 @dataclass
 class Explained:
     """What one recorded forward pass gives: the model's output, the attention rollout and the attention rows of the
-    class token (what the sink metrics of :mod:`vit_ct.explain.sink` read)."""
+    class token (what the sink metrics of :mod:`vit_ct.metrics.sink` read)."""
 
     output: Any
     rollout: torch.Tensor  # (B, grid_h, grid_w) float32, non-negative
     class_attention: torch.Tensor  # (B, blocks, T) float32: the class token's head-fused row per block, sums to 1
+
+
+class Explainer(Protocol):
+    """What the maps below ask of a model (:meth:`vit_ct.ViTClassifier.explain`), so that explain/ knows no
+    LightningModule: logits and ``(B, grid_h, grid_w)`` attention rollout of a ``(B, C, S, S)`` batch, in eval mode."""
+
+    def explain(self, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 def explain_forward(
@@ -135,3 +145,48 @@ def explain_gradient_rollout(
         num_prefix_tokens=num_prefix_tokens(model),
         grid_size=patch_grid(model, images.shape),
     ).float()
+
+
+def upsample(maps: torch.Tensor, size: tuple[int, int] | torch.Size) -> torch.Tensor:
+    """``(B, grid_h, grid_w)`` patch maps -> ``(B, *size)`` float32, bilinearly, clipped at 0: how every map is
+    brought to the slice grid (float32 also under AMP: fewer false ties)."""
+    with torch.autocast(maps.device.type, enabled=False):
+        heat = F.interpolate(maps[:, None].float(), size=tuple(size), mode="bilinear", align_corners=False)
+    return heat[:, 0].clamp_min(0)
+
+
+def upsampled_rollout(model: Explainer, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits and the attention rollout bilinearly upsampled to the input's ``(B, S, S)``.
+
+    Args:
+        model: an :class:`Explainer` (a :class:`vit_ct.ViTClassifier`), in eval mode.
+        image: ``(B, C, S, S)`` model input.
+    """
+    with torch.no_grad():
+        logits, rollout = model.explain(image)
+    return logits, upsample(rollout, image.shape[-2:])  # (B, S, S)
+
+
+def localisation_maps(
+    model: Explainer | None, batch: dict, *, rollout: torch.Tensor | None = None
+) -> dict[str, torch.Tensor]:
+    """The maps localisation scores (:mod:`vit_ct.metrics.localisation`) on the model grid, each ``(B, S, S)``.
+
+    ``rollout``: the model's attention rollout, upsampled; ``floor_image``: the first window of the image itself
+    (acute blood is bright); ``floor_head``: the head mask (uniform over the head: chance); ``perfect_patch``: the
+    lesion mask pooled to the rollout's patch grid and upsampled (the ceiling of any patch-level map).
+
+    Args:
+        model: an :class:`Explainer`, see :func:`upsampled_rollout`; may be None when ``rollout`` is given.
+        batch: a :class:`vit_ct.CTBatch` (``image``, ``head`` and ``mask`` are read).
+        rollout: ``(B, grid_h, grid_w)`` rollout already computed for this batch; None: the model's.
+    """
+    if rollout is None:
+        with torch.no_grad():
+            rollout = model.explain(batch["image"])[1]
+    return {
+        "rollout": upsample(rollout, batch["image"].shape[-2:]),
+        "floor_image": batch["image"][:, 0].float(),
+        "floor_head": batch["head"][:, 0].float(),
+        "perfect_patch": perfect_patch_map(batch["mask"][:, 0] > 0.5, rollout.shape[-2:]),
+    }

@@ -20,7 +20,7 @@ from monai.utils import convert_to_tensor
 from monai.visualize import OcclusionSensitivity
 from torch import nn
 
-from vit_ct.data.windows import window_hu
+from vit_ct.data.transforms.windows import window_hu
 
 BASELINE_HU = 30.0  # normal brain
 

@@ -9,7 +9,7 @@ from matplotlib import colormaps
 from PIL import Image
 from skimage.segmentation import find_boundaries
 
-from vit_ct.data.windows import window_hu
+from vit_ct.data.transforms.windows import window_hu
 from vit_ct.files import atomic_write
 
 CONTOUR_RGB = (0, 255, 0)

@@ -1,5 +1,5 @@
 """The unit a slice's distances are measured in: mm on its own pixel spacing where it has one, else pixels of the
-source slice, never a guessed field of view (the pointing tolerance and HD95 of :mod:`vit_ct.explain.localisation`)."""
+source slice, never a guessed field of view (the pointing tolerance and HD95 of :mod:`vit_ct.metrics.localisation`)."""
 
 from __future__ import annotations
 

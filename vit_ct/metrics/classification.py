@@ -25,7 +25,7 @@ from torchmetrics.classification import (
 from torchmetrics.utilities import dim_zero_cat
 
 Task = Literal["binary", "multiclass", "multilabel"]
-UNKNOWN = -1  # the label of a slice whose label is not known (vit_ct.data.slice_dataset.table_labels)
+UNKNOWN = -1  # the label of a slice whose label is not known (vit_ct.data.loading.slice_dataset.table_labels)
 
 
 def classification_metrics(

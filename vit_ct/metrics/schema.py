@@ -42,7 +42,7 @@ class PredictionColumns:
     """Per block ``b`` (``cls_prefix_b<b>``, :meth:`block`): the class token's attention on the prefix tokens."""
     cls_air: str = "cls_air"
     """Per block ``b`` (``cls_air_b<b>``): the class token's attention on air patches."""
-    # then per map scored against the lesion (vit_ct.explain.localisation.SURFACE_DISTANCE_SOURCES: the rollout and
+    # then per map scored against the lesion (vit_ct.metrics.localisation.SURFACE_DISTANCE_SOURCES: the rollout and
     # its ceiling) each score as a column `<source>_<score>` (:meth:`score`): NaN on slices without a known, non-empty
     # lesion mask; HD95 only in the unit some slice was measured in (`hd95_mm`, `hd95_px`)
 
@@ -91,8 +91,8 @@ class PredictionColumns:
 
 @dataclass(frozen=True)
 class ScanColumns:
-    """``scans.csv``: one row per scan, in this order (:func:`vit_ct.metrics.scans.scan_summary`, then
-    :class:`vit_ct.predict.scans.ScanResultsWriter`); the files named are relative to ``OUT``."""
+    """``scans.csv``: one row per scan, in this order (:func:`vit_ct.metrics.lesion_probability.scan_summary`, then
+    :class:`vit_ct.predict.scan_writer.ScanResultsWriter`); the files named are relative to ``OUT``."""
 
     file: str = "scans.csv"
     scan: str = "scan"
@@ -120,7 +120,7 @@ class ScanColumns:
     notes: str = "notes"
     """What reading the scan noticed, '; '-separated."""
     p_lesion: str = "p_lesion"
-    """Input per slice: P(lesion) (:func:`vit_ct.metrics.scans.lesion_scores`); not in the file."""
+    """Input per slice: P(lesion) (:func:`vit_ct.metrics.lesion_probability.lesion_scores`); not in the file."""
     positive: str = "positive"
     """Input per slice: its lesion label, <NA> where unknown; not in the file."""
     order: str = "order"
@@ -146,7 +146,7 @@ class ReviewColumns:
     label: str = "label"
     """Int64 lesion label: 0/1, <NA> when unknown."""
     prob: str = "prob"
-    """P(lesion) (:func:`vit_ct.metrics.scans.lesion_scores`)."""
+    """P(lesion) (:func:`vit_ct.metrics.lesion_probability.lesion_scores`)."""
     group: str = "group"
     """``TP``, ``FP``, ``FN``, ``TN`` at the review's threshold, or ``unlabelled``."""
     rows: str = "rows"

@@ -17,12 +17,12 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 
-from vit_ct.data.contract import CHECKPOINT_KEY as INPUT_CONTRACT
-from vit_ct.data.contract import InputContract
+from vit_ct.data.transforms.contract import CHECKPOINT_KEY as INPUT_CONTRACT
+from vit_ct.data.transforms.contract import InputContract
 from vit_ct.explain.attention import record_attention
 from vit_ct.explain.maps import Explained, explain_forward
 from vit_ct.metrics.classification import classification_metrics
-from vit_ct.metrics.maps import MapMetrics
+from vit_ct.metrics.map_scores import MapMetrics
 from vit_ct.model.hparams import check_hparams, predated_hparams
 from vit_ct.model.inference import Inference, infer
 from vit_ct.model.losses import Losses, PatchLosses, classification_loss
@@ -232,7 +232,7 @@ class ViTClassifier(L.LightningModule):
         self.register_buffer("class_weights", torch.tensor(weights, dtype=torch.float32) if weights else None)
 
     def configure_metrics(self) -> None:
-        """Classification metrics per stage, and the maps' metrics (:class:`vit_ct.metrics.maps.MapMetrics`): the
+        """Classification metrics per stage, and the maps' metrics (:class:`vit_ct.metrics.map_scores.MapMetrics`): the
         attention sink, and rollout against the lesion masks beside two floors it must beat, the image and the head."""
         h = self.hparams
         self.metrics = nn.ModuleDict(
@@ -257,8 +257,8 @@ class ViTClassifier(L.LightningModule):
         return super().load_from_checkpoint(checkpoint_path, **kwargs)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        """Records how the weights see their input (:class:`~vit_ct.data.contract.InputContract`): as the trainer's
-        data module prepares slices now, else as the checkpoint the model came from did."""
+        """Records how the weights see their input (:class:`~vit_ct.data.transforms.contract.InputContract`): as the
+        trainer's data module prepares slices now, else as the checkpoint the model came from did."""
         try:
             datamodule = self.trainer.datamodule
         except RuntimeError:  # saved through a strategy alone, without a trainer

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 
 import torch
 
-from vit_ct.explain.localisation import SURFACE_DISTANCE_SOURCES, localisation_maps, scores_per_slice
-from vit_ct.explain.maps import Explained
-from vit_ct.explain.sink import sink_per_slice
+from vit_ct.explain.maps import Explained, localisation_maps
+from vit_ct.metrics.localisation import SURFACE_DISTANCE_SOURCES, scores_per_slice
 from vit_ct.metrics.schema import PREDICTIONS
+from vit_ct.metrics.sink import sink_per_slice
 
 
 @dataclass
@@ -23,7 +23,7 @@ class Inference:
     prob: torch.Tensor  # (B,) P(lesion) when binary, else (B, num_classes); float32
     rollout: torch.Tensor  # (B, grid_h, grid_w) float32, non-negative
     class_attention: torch.Tensor  # (B, blocks, T): the class token's head-fused row per block
-    sink: dict[str, torch.Tensor]  # vit_ct.explain.sink.sink_per_slice; empty without a head mask
+    sink: dict[str, torch.Tensor]  # vit_ct.metrics.sink.sink_per_slice; empty without a head mask
     scores: dict[str, torch.Tensor]  # {source}_{score}: (B,) float64, NaN unscored; empty when no slice has a mask
 
     def probabilities(self, i: int, class_names: Sequence[str]) -> dict[str, float]:
@@ -59,7 +59,7 @@ def infer(model, batch: dict, *, sources: tuple[str, ...] = SURFACE_DISTANCE_SOU
         model: The classifier; its rollout settings and ``localisation_tolerance_mm`` apply.
         batch: A :class:`vit_ct.CTBatch` on the model's device; the sink needs its ``head``, the localisation
             scores its ``mask`` and ``has_mask``.
-        sources: The maps scored against the lesion (:data:`vit_ct.explain.localisation.MAP_SOURCES`); predict
+        sources: The maps scored against the lesion (:data:`vit_ct.metrics.localisation.MAP_SOURCES`); predict
             scores the rollout and its ceiling, the review also the floors.
     """
     explained: Explained = model.explained(batch["image"])

@@ -12,7 +12,7 @@ from typing import Literal, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from vit_ct.data.labels import lesion_label
+from vit_ct.data.manifests.labels import lesion_label
 from vit_ct.explain.rollout import class_token_rollout
 from vit_ct.model.network import attention_keys
 
@@ -60,7 +60,8 @@ def patch_loss(
         patch_logits: ``(B, N)``, one per patch token.
         mask: ``(B, 1, S, S)`` lesion masks, 0/1.
         has_mask: ``(B,)`` bool, a mask was given.
-        label: the batch's labels (a lesion-free slice, :func:`vit_ct.data.labels.lesion_label` 0, has an empty mask).
+        label: the batch's labels (a lesion-free slice, :func:`vit_ct.data.manifests.labels.lesion_label` 0, has
+            an empty mask).
         patch_size: side of a patch in pixels.
     """
     known = has_mask | (lesion_label(label) == 0)

@@ -5,12 +5,12 @@ evidence, as a log-odds: its classifier's (P(lesion), or each label's) and, with
 evidence (:func:`vit_ct.model.losses.mil_logit`). A scan's evidence is its slices' pooled by the log-sum-exp mean
 ``log(mean(exp(r z))) / r`` (Pinheiro & Collobert 2015; between the mean and the maximum, every slice getting a
 share of the gradient by how much it drives the scan's verdict), scored by binary cross-entropy against the scan
-label. Slices of a lesion-free scan are also plain negatives (their slice label is 0, :mod:`vit_ct.data.scan_labels`);
-no slice of a scan with a lesion is ever scored as a slice.
+label. Slices of a lesion-free scan are also plain negatives (their slice label is 0,
+:mod:`vit_ct.data.manifests.scan_labels`); no slice of a scan with a lesion is ever scored as a slice.
 
 A batch holds whole scans where they fit (the training order keeps a scan's slices together,
-:class:`vit_ct.data.distributed.EpochShuffleSampler`); the slices of a scan outside the batch join its bag with their
-latest evidence, detached (:class:`ScanMemory`, one number per slice and source): memory stays bounded by one
+:class:`vit_ct.data.loading.distributed.EpochShuffleSampler`); the slices of a scan outside the batch join its bag with
+their latest evidence, detached (:class:`ScanMemory`, one number per slice and source): memory stays bounded by one
 batch, and a long scan's verdict still reads all of its slices.
 """
 
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from vit_ct.data.labels import lesion_label
+from vit_ct.data.manifests.labels import lesion_label
 from vit_ct.model.losses import Task, mil_logit
 from vit_ct.model.network import attention_keys
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from vit_ct.files import atomic_write
 
 if TYPE_CHECKING:  # imported where used: `python -m vit_ct.model.shipped list` reads JSON cards, without torch
-    from vit_ct.data.contract import InputContract
+    from vit_ct.data.transforms.contract import InputContract
 
 PREFIX = "vit-ct/"
 FOLDER = Path(__file__).with_name("pretrained")
@@ -60,7 +60,7 @@ def weights_file(tag: str) -> Path:
 
 def input_contract(tag: str) -> InputContract:
     """How the shipped weights see their input (the card's ``input``)."""
-    from vit_ct.data.contract import InputContract
+    from vit_ct.data.transforms.contract import InputContract
 
     return InputContract.from_dict(card(tag)["input"])
 
@@ -134,7 +134,7 @@ def export(
     import torch
     from safetensors.torch import save_file
 
-    from vit_ct.data.contract import InputContract
+    from vit_ct.data.transforms.contract import InputContract
 
     checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=True)  # runs no code
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint or "hyper_parameters" not in checkpoint:

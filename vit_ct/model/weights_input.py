@@ -1,8 +1,8 @@
 """How named weights see their input: one answer for every command and for Python, as timm's ``pretrained_cfg`` is
 for a timm tag. The weights are a vit-ct checkpoint (``--ckpt_path``, or ``--model.weights`` when it is one) or weights
 shipped with vit-ct (``--model.pretrained vit-ct/<name>``, whose card stands for the checkpoint); the answer is their
-:class:`~vit_ct.data.contract.InputContract` (input size, windows, read options) and the hyper-parameters of the
-network they fill. A timm tag or a plain state dict has no answer (None): it is adapted to the data instead.
+:class:`~vit_ct.data.transforms.contract.InputContract` (input size, windows, read options) and the hyper-parameters
+of the network they fill. A timm tag or a plain state dict has no answer (None): it is adapted to the data instead.
 
 ``fit``, ``validate``, ``test``, ``predict`` (:mod:`vit_ct.run.checkpoint_input`), the review and
 ``ViTClassifier(weights=..., pretrained=...)`` all ask :func:`weights_input`, so that one question never gets two
@@ -20,7 +20,7 @@ from typing import Any, Literal, NamedTuple
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
-from vit_ct.data.contract import DEFAULT_IMG_SIZE, DEFAULT_WINDOWS, InputContract
+from vit_ct.data.transforms.contract import DEFAULT_IMG_SIZE, DEFAULT_WINDOWS, InputContract
 from vit_ct.model import shipped
 
 # values of --ckpt_path that Lightning resolves itself (not files)

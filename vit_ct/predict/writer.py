@@ -17,12 +17,12 @@ import numpy as np
 import pandas as pd
 from lightning.pytorch.callbacks import BasePredictionWriter
 
-from vit_ct.data.grid import to_source_grid
-from vit_ct.data.manifest import manifest_frame
-from vit_ct.data.reader import load_ct_slice, load_mask
+from vit_ct.data.io.reader import load_ct_slice, load_mask
+from vit_ct.data.manifests.manifest import manifest_frame
+from vit_ct.data.transforms.grid import to_source_grid
 from vit_ct.explain.overlay import render_overlay, save_png
 from vit_ct.files import atomic_write, remove_leftovers
-from vit_ct.metrics.scans import scan_column
+from vit_ct.metrics.lesion_probability import scan_column
 from vit_ct.metrics.schema import PREDICTIONS, RUN_JSON, RunRecord
 from vit_ct.model.inference import Inference
 from vit_ct.run.interrupts import deferred_interrupts

@@ -12,15 +12,15 @@ import numpy as np
 import pandas as pd
 import torch
 
-from vit_ct.data.datamodule import CTSliceDataModule
-from vit_ct.data.grid import to_source_grid
+from vit_ct.data.loading.datamodule import CTSliceDataModule
+from vit_ct.data.transforms.grid import to_source_grid
 from vit_ct.explain.attention import num_prefix_tokens, patch_grid, record_attention
 from vit_ct.explain.maps import explain_gradient_rollout
 from vit_ct.explain.occlusion import brain_baseline, occlusion_sensitivity
 from vit_ct.explain.rollout import last_block_attention, per_block_maps, per_head_maps
-from vit_ct.explain.sink import air_patches, class_token_shares
-from vit_ct.metrics.scans import lesion_scores
+from vit_ct.metrics.lesion_probability import lesion_scores
 from vit_ct.metrics.schema import PREDICTIONS, REVIEW
+from vit_ct.metrics.sink import air_patches, class_token_shares
 from vit_ct.model import ViTClassifier
 from vit_ct.review.summaries import gallery
 from vit_ct.review.table import case_images, outcome

@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from vit_ct.data.datamodule import CTSliceDataModule
-from vit_ct.data.windows import WINDOW_PRESETS, parse_windows
+from vit_ct.data.loading.datamodule import CTSliceDataModule
+from vit_ct.data.transforms.windows import WINDOW_PRESETS, parse_windows
 from vit_ct.explain.overlay import render_overlay
 from vit_ct.files import atomic_write
 from vit_ct.metrics.schema import PREDICTIONS, REVIEW

@@ -11,9 +11,9 @@ from pathlib import Path
 import torch
 import yaml
 
-from vit_ct.data.datamodule import CTSliceDataModule
-from vit_ct.data.splits import SPLIT_FRACTIONS
-from vit_ct.data.windows import parse_windows
+from vit_ct.data.loading.datamodule import CTSliceDataModule
+from vit_ct.data.manifests.splits import SPLIT_FRACTIONS
+from vit_ct.data.transforms.windows import parse_windows
 from vit_ct.model import ViTClassifier
 from vit_ct.run.runs import LATEST_SUMMARY
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from vit_ct.data.manifest import manifest_frame
-from vit_ct.data.reader import load_ct_slice, load_mask
-from vit_ct.metrics.scans import lesion_probability
+from vit_ct.data.io.reader import load_ct_slice, load_mask
+from vit_ct.data.manifests.manifest import manifest_frame
+from vit_ct.metrics.lesion_probability import lesion_probability
 from vit_ct.metrics.schema import PREDICTIONS, REVIEW, RUN_JSON, SCANS, RunRecord
 
 
@@ -26,7 +26,7 @@ class PredictRun:
     Attributes:
         folder: ``OUT``.
         slices: ``predictions.csv`` with ``image_path`` (the slice's file), ``p_lesion`` (P(lesion), by
-            :func:`vit_ct.metrics.scans.lesion_probability`) and ``order`` (its place in its scan).
+            :func:`vit_ct.metrics.lesion_probability.lesion_probability`) and ``order`` (its place in its scan).
         scans: ``scans.csv``, or None when the run predicted slices without scans.
         info: ``run.json`` (checkpoint, manifest, input), empty for runs written before it existed.
     """

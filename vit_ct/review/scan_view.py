@@ -11,7 +11,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from vit_ct.data.windows import WINDOW_PRESETS
+from vit_ct.data.transforms.windows import WINDOW_PRESETS
 from vit_ct.explain.overlay import render_overlay
 from vit_ct.metrics.schema import PREDICTIONS, SCANS
 from vit_ct.review.figures import is_headless

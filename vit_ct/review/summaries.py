@@ -8,8 +8,8 @@ import pandas as pd
 import torch
 from torchmetrics.functional.classification import binary_auroc, binary_confusion_matrix, binary_roc
 
-from vit_ct.explain.localisation import MAP_SOURCES
-from vit_ct.metrics.scans import scan_auroc, scan_summary
+from vit_ct.metrics.lesion_probability import scan_auroc, scan_summary
+from vit_ct.metrics.localisation import MAP_SOURCES
 from vit_ct.metrics.schema import PREDICTIONS, REVIEW, SCANS
 from vit_ct.review.table import SCORES, outcome
 

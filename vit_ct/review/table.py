@@ -7,13 +7,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from vit_ct.data.datamodule import CTSliceDataModule
-from vit_ct.data.grid import to_source_grid
-from vit_ct.data.labels import lesion_label
-from vit_ct.data.manifest import frame_number, manifest_frame
-from vit_ct.data.reader import load_ct_slice, load_mask
-from vit_ct.explain.localisation import MAP_SOURCES, SCORES
-from vit_ct.metrics.scans import lesion_scores, scan_column
+from vit_ct.data.io.reader import load_ct_slice, load_mask
+from vit_ct.data.loading.datamodule import CTSliceDataModule
+from vit_ct.data.manifests.labels import lesion_label
+from vit_ct.data.manifests.manifest import frame_number, manifest_frame
+from vit_ct.data.transforms.grid import to_source_grid
+from vit_ct.metrics.lesion_probability import lesion_scores, scan_column
+from vit_ct.metrics.localisation import MAP_SOURCES, SCORES
 from vit_ct.metrics.schema import PREDICTIONS, REVIEW
 from vit_ct.model import ViTClassifier
 from vit_ct.model.inference import infer
@@ -33,7 +33,7 @@ def run_review(
         ``frame``, ``label`` (Int64: 0/1 lesion, <NA> when unknown), ``prob`` (P(lesion)), ``group`` (:func:`outcome`
         at ``threshold``), ``rows``, ``cols`` (the source slice), ``rollout`` (the ``(grid_h, grid_w)`` map;
         :func:`source_map` brings it to the source grid), the attention sink
-        (:func:`vit_ct.explain.sink.sink_per_slice`: ``rollout_air``, ``rollout_outside_head``, and ``cls_prefix`` /
+        (:func:`vit_ct.metrics.sink.sink_per_slice`: ``rollout_air``, ``rollout_outside_head``, and ``cls_prefix`` /
         ``cls_air`` arrays with one share per block), and per map source (``rollout``, ``floor_image``,
         ``floor_head``, ``perfect_patch``) the localisation scores ``{source}_{score}`` on the model grid, as the
         model's ``test/`` metrics, NaN where the slice has no lesion mask.

@@ -2,10 +2,10 @@
 needs beyond Lightning's own state (random-number generators, the W&B run id).
 
 Resuming: ``vit-ct fit --config C --ckpt_path runs/vit-ct/<id>/checkpoints/last.ckpt`` restores the weights, optimizer,
-LR schedule, epoch and step (Lightning), the data order in the epoch (:mod:`vit_ct.data.distributed`), the RNG states
-and the W&B run (same id, ``resume="allow"``); checkpoints keep going to the same run folder. Arguments on resume:
-``--model.*`` values come from the checkpoint (LightningCLI reads its hyper-parameters over the command line), so the
-network cannot change; ``--trainer.*`` and ``--data.*`` values come from the command, e.g. a larger
+LR schedule, epoch and step (Lightning), the data order in the epoch (:mod:`vit_ct.data.loading.distributed`), the RNG
+states and the W&B run (same id, ``resume="allow"``); checkpoints keep going to the same run folder. Arguments on
+resume: ``--model.*`` values come from the checkpoint (LightningCLI reads its hyper-parameters over the command line),
+so the network cannot change; ``--trainer.*`` and ``--data.*`` values come from the command, e.g. a larger
 ``--trainer.max_epochs`` trains on (the restored optimizer keeps its state; the cosine schedule is recomputed for the
 new length from the current step).
 """
@@ -26,7 +26,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_warn
 
-from vit_ct.data.cache_folder import is_out_of_space
+from vit_ct.data.cache.cache_folder import is_out_of_space
 from vit_ct.files import atomic_write, remove_leftovers
 from vit_ct.model.weights_input import read_checkpoint
 from vit_ct.run.compat import load_pending_loader_states, save_last_checkpoint, saves_on_train_epoch_end
@@ -158,7 +158,7 @@ class ResumeState(Callback):
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # Lightning 2.6 restores a stateful training loader only if it builds the loader after the restore, but
         # `configure_optimizers` asking for `estimated_stepping_batches` builds it before. Apply the saved loader state
-        # now: the first batch is not drawn yet (data.distributed.ResumableDataLoader starts its iterator lazily).
+        # now: the first batch is not drawn yet (data/loading/distributed.py: its loader starts iterating lazily).
         load_pending_loader_states(trainer.fit_loop)
         if self._pending is not None:
             _set_rng_states(self._pending)

@@ -1,8 +1,8 @@
 """A command's data follows the weights it names: every subcommand with ``--ckpt_path``, ``--model.weights`` holding a
 vit-ct checkpoint or ``--model.pretrained vit-ct/<name>`` prepares slices as the weights were trained on
-(:class:`~vit_ct.data.contract.InputContract`, answered by :func:`vit_ct.model.weights_input.weights_input`, as for
-Python), and the network is the weights'. A config that says otherwise is overruled in one line each, never a crash
-and never a silent resize to another model.
+(:class:`~vit_ct.data.transforms.contract.InputContract`, answered by
+:func:`vit_ct.model.weights_input.weights_input`, as for Python), and the network is the weights'. A config that says
+otherwise is overruled in one line each, never a crash and never a silent resize to another model.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 
 from jsonargparse import Namespace
 
-from vit_ct.data.contract import describe_window
-from vit_ct.data.windows import parse_windows
+from vit_ct.data.transforms.contract import describe_window
+from vit_ct.data.transforms.windows import parse_windows
 from vit_ct.model.weights_input import WeightsInput, weights_input
 
 # Hyper-parameters that shape the network: `fit --model.weights` builds it as the weights' checkpoint did.

@@ -26,7 +26,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from rich.console import Console
 from rich.markup import escape
 
-from vit_ct.data.datamodule import CTSliceDataModule
+from vit_ct.data.loading.datamodule import CTSliceDataModule
 from vit_ct.model.weights_input import is_checkpoint_file
 from vit_ct.run.checkpoint import AtomicCheckpointIO, BestAndLastCheckpoint, read_checkpoint, read_wandb_run_id
 from vit_ct.run.checkpoint_input import follow_checkpoint

@@ -1,6 +1,6 @@
-"""Scan-level AUROC during validation and test (:mod:`vit_ct.metrics.scans`): a scan's probability is the maximum over
-its slices, and a scan is positive when its scan label says so or, without scan labels, when any of its slices is. A
-callback: it needs the split's table to group the slices of a batch into scans."""
+"""Scan-level AUROC during validation and test (:mod:`vit_ct.metrics.lesion_probability`): a scan's probability is the
+maximum over its slices, and a scan is positive when its scan label says so or, without scan labels, when any of its
+slices is. A callback: it needs the split's table to group the slices of a batch into scans."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pandas as pd
 import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
 
-from vit_ct.data.labels import lesion_labels, scan_lesion_labels
-from vit_ct.metrics.scans import lesion_scores, scan_auroc, scan_column, scan_summary
+from vit_ct.data.manifests.labels import lesion_labels, scan_lesion_labels
+from vit_ct.metrics.lesion_probability import lesion_scores, scan_auroc, scan_column, scan_summary
 
 
 class ScanAUROC(Callback):

@@ -10,8 +10,8 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_warn
 
-from vit_ct.data.labels import lesion_rows
-from vit_ct.explain.localisation import upsampled_rollout
+from vit_ct.data.manifests.labels import lesion_rows
+from vit_ct.explain.maps import upsampled_rollout
 from vit_ct.explain.overlay import render_overlay
 
 # `render_overlay` windows HU; the model input is already windowed to [0, 1], which this window leaves unchanged.

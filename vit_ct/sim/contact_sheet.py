@@ -16,8 +16,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 from PIL import Image
 
-from vit_ct.data.reader import load_ct_slice, load_mask
-from vit_ct.data.windows import window_hu
+from vit_ct.data.io.reader import load_ct_slice, load_mask
+from vit_ct.data.transforms.windows import window_hu
 from vit_ct.files import atomic_write
 
 

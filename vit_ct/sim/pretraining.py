@@ -26,7 +26,7 @@ import torch
 from filelock import FileLock, Timeout
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from vit_ct.data.splits import SPLIT_FRACTIONS
+from vit_ct.data.manifests.splits import SPLIT_FRACTIONS
 from vit_ct.files import atomic_write
 from vit_ct.progress import Progress
 from vit_ct.sim.cohort import CohortConfig, simulate_cohort_patient

@@ -17,10 +17,11 @@ import pandas as pd
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
-from vit_ct.data.distributed import decode_index
-from vit_ct.data.slice_dataset import CTBatch, slice_item
-from vit_ct.data.slice_module import DEFAULT_IMG_SIZE, DEFAULT_WINDOWS, SliceDataModule, Window
-from vit_ct.data.windows import parse_windows
+from vit_ct.data.loading.distributed import decode_index
+from vit_ct.data.loading.slice_dataset import CTBatch, slice_item
+from vit_ct.data.loading.slice_module import SliceDataModule, Window
+from vit_ct.data.transforms.contract import DEFAULT_IMG_SIZE, DEFAULT_WINDOWS
+from vit_ct.data.transforms.windows import parse_windows
 from vit_ct.progress import track
 from vit_ct.sim.phantom import PhantomConfig, sample_head, simulate_slices
 from vit_ct.sim.projector import METHODS
@@ -234,7 +235,9 @@ class SimulatedSliceSet(Dataset):
         return self.items[index]
 
     def __getitem__(self, index: int) -> CTBatch:
-        index, valid = decode_index(index)  # a DDP padding repeat arrives as -1 - index (vit_ct.data.distributed)
+        index, valid = decode_index(
+            index
+        )  # a DDP padding repeat arrives as -1 - index (vit_ct.data.loading.distributed)
         return dict(self.items[index], valid=torch.tensor(valid))
 
 
@@ -242,8 +245,8 @@ class SimulatorDataModule(SliceDataModule):
     """Training slices simulated on the fly (new ones every epoch); validation and test sets simulated once, in
     memory, from seed families training never draws (``seed`` + 10^6 and + 2 x 10^6).
 
-    A :class:`~vit_ct.data.slice_module.SliceDataModule` (what ``vit-ct`` takes as data) whose slices are simulated:
-    nothing to read or check.
+    A :class:`~vit_ct.data.loading.slice_module.SliceDataModule` (what ``vit-ct`` takes as data) whose slices are
+    simulated: nothing to read or check.
 
     Args:
         windows: HU windows stacked as channels: preset names (``brain``, ``subdural``, ``bone``, ``stroke``) or

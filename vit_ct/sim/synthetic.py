@@ -21,8 +21,8 @@ from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian, generate_uid
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 
-from vit_ct.data.datamodule import CTSliceDataModule
-from vit_ct.data.splits import SPLIT_FRACTIONS, SPLITS
+from vit_ct.data.loading.datamodule import CTSliceDataModule
+from vit_ct.data.manifests.splits import SPLIT_FRACTIONS, SPLITS
 from vit_ct.progress import Progress
 from vit_ct.sim.anatomy import HEAD_HEIGHT_MM
 from vit_ct.sim.phantom import PhantomConfig, SimulatedSlice, sample_head, simulate_slices

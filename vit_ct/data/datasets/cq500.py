@@ -47,8 +47,8 @@ from pydicom.multival import MultiValue
 
 from vit_ct.data.datasets.output import DatasetOutput
 from vit_ct.data.datasets.volumes import Converted, check_choice, count_note
-from vit_ct.data.scans import Scan, find_scans, scan_table
-from vit_ct.data.splits import list_lines
+from vit_ct.data.io.scans import Scan, find_scans, scan_table
+from vit_ct.data.manifests.splits import list_lines
 from vit_ct.progress import track
 
 READS = "reads.csv"

@@ -53,7 +53,7 @@ from vit_ct.data.datasets.volumes import (
     read_labels,
     volume_rows,
 )
-from vit_ct.data.splits import list_lines
+from vit_ct.data.manifests.splits import list_lines
 from vit_ct.progress import track
 
 CSV_NAME = "hemorrhage_diagnosis_raw_ct.csv"

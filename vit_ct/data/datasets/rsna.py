@@ -1,5 +1,6 @@
-"""RSNA 2019 Intracranial Hemorrhage Detection (Kaggle) by name: `vit_ct.data.rsna.build_rsna_manifest` on the
-competition's folder, plus ``label`` (= ``any``) so that every public set names "any bleed" alike.
+"""RSNA 2019 Intracranial Hemorrhage Detection (Kaggle) by name:
+`vit_ct.data.datasets.rsna_manifest.build_rsna_manifest` on the competition's folder, plus ``label`` (= ``any``) so that
+every public set names "any bleed" alike.
 
 Layout (Kaggle's rsna-intracranial-hemorrhage-detection download): ``stage_2_train.csv`` (``ID,Label`` rows
 ``ID_<sop id>_<subtype>``) and ``stage_2_train/ID_<sop id>.dcm`` in one folder. Slice labels: the five subtypes
@@ -14,8 +15,8 @@ import os
 from pathlib import Path
 
 from vit_ct.data.datasets.output import DatasetOutput
+from vit_ct.data.datasets.rsna_manifest import build_rsna_manifest
 from vit_ct.data.datasets.volumes import Converted
-from vit_ct.data.rsna import build_rsna_manifest
 
 
 def convert(

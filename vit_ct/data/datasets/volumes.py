@@ -19,8 +19,8 @@ import numpy as np
 import pandas as pd
 
 from vit_ct.data.datasets.output import DatasetOutput
-from vit_ct.data.rsna import RSNA_LABELS
-from vit_ct.data.scans import nifti_scan, scan_table
+from vit_ct.data.datasets.rsna_manifest import RSNA_LABELS
+from vit_ct.data.io.scans import nifti_scan, scan_table
 
 SUBTYPES = RSNA_LABELS[:5]  # epidural, intraparenchymal, intraventricular, subarachnoid, subdural: RSNA's names
 NIFTI_SUFFIXES = (".nii.gz", ".nii")

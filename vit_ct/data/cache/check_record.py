@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
 
-from vit_ct.data.cache_folder import is_unreadable_database, remove_database, storage_errors
+from vit_ct.data.cache.cache_folder import is_unreadable_database, remove_database, storage_errors
 
 RECORD_VERSION = 1  # bump when what the check accepts changes, so that older verdicts are not trusted
 _NO_FRAME = -1  # `frame=None` (a single-slice file) as stored

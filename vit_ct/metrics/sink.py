@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torchmetrics import Metric
 
-from vit_ct.explain.localisation import upsample
+from vit_ct.explain.maps import upsample
 
 
 def air_patches(head: torch.Tensor, grid_size: tuple[int, int]) -> torch.Tensor:

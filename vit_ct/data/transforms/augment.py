@@ -52,7 +52,8 @@ class BatchAugmentation:
         """The batch with ``image``, ``mask`` and ``head`` augmented (other keys as they are; a new dict).
 
         Args:
-            batch: A :class:`~vit_ct.data.datamodule.CTBatch` on any device; ``image`` ``(B, C, S, S)`` in [0, 1].
+            batch: A :class:`~vit_ct.data.loading.datamodule.CTBatch` on any device; ``image`` ``(B, C, S, S)``
+                in [0, 1].
             generator: Random source on the batch's device.
         """
         image = batch["image"]

@@ -22,9 +22,9 @@ import pandas as pd
 import pydicom
 from pydicom.dataset import Dataset
 
-from vit_ct.data.archive_files import archive_files
-from vit_ct.data.dicom import pixel_spacing
-from vit_ct.data.reader import display_shape
+from vit_ct.data.io.archive_files import archive_files
+from vit_ct.data.io.dicom import pixel_spacing
+from vit_ct.data.io.reader import display_shape
 from vit_ct.files import atomic_write
 
 LPS_TO_RAS = np.diag([-1.0, -1.0, 1.0, 1.0])  # DICOM's patient axes (L, P, S) to NIfTI's (R, A, S)

@@ -1,7 +1,8 @@
 """Read one CT slice (DICOM, NIfTI or .npy) as float32 Hounsfield units, and lesion masks of the same size.
 
 Every slice comes back rows x columns as a DICOM viewer shows it: rows toward posterior, columns toward patient left.
-The DICOM part lives in `vit_ct.data.dicom`; this module picks the reader by file kind and handles NIfTI, .npy and PNG.
+The DICOM part lives in `vit_ct.data.io.dicom`; this module picks the reader by file kind and handles NIfTI, .npy
+and PNG.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ import numpy as np
 import pydicom
 from PIL import Image
 
-from vit_ct.data.dicom import CT_MODALITIES, load_dicom, pixel_spacing, probe_dicom
-from vit_ct.data.filecheck import UnreadableFileError, check_file, frame_index
-from vit_ct.data.windows import AIR_HU
+from vit_ct.data.io.dicom import CT_MODALITIES, load_dicom, pixel_spacing, probe_dicom
+from vit_ct.data.io.filecheck import UnreadableFileError, check_file, frame_index
+from vit_ct.data.transforms.windows import AIR_HU
 
 __all__ = [
     "AIR_HU",

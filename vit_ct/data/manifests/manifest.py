@@ -1,10 +1,10 @@
 """The manifest CSV that lists a user's own CT slices: read and check it, and check its files (the split by patient
-is `vit_ct.data.splits`).
+is `vit_ct.data.manifests.splits`).
 
-Its files are checked by `vit_ct.data.manifest_files` (re-exported here).
+Its files are checked by `vit_ct.data.manifests.manifest_files` (re-exported here).
 
 Columns (the README's manifest table): `image`, `label` (or named label columns; or scan labels, one per scan:
-`scan_label`, `scan_<name>`, see `vit_ct.data.scan_labels`), `patient_id`, `scan`, `split`, `mask`, `slice`,
+`scan_label`, `scan_<name>`, see `vit_ct.data.manifests.scan_labels`), `patient_id`, `scan`, `split`, `mask`, `slice`,
 `pixel_spacing_mm`.
 Rows are named by their line number in the CSV file (the header is line 1), as a text editor or spreadsheet shows.
 """
@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from vit_ct.data.duplicates import check_duplicate_images
-from vit_ct.data.manifest_files import BadFile, validate_manifest_files, write_bad_files
-from vit_ct.data.scan_labels import SCAN_LABEL, derive_slice_labels, scan_label_column
-from vit_ct.data.splits import SPLITS, assign_splits, check_patient_splits, list_lines
+from vit_ct.data.manifests.duplicates import check_duplicate_images
+from vit_ct.data.manifests.manifest_files import BadFile, validate_manifest_files, write_bad_files
+from vit_ct.data.manifests.scan_labels import SCAN_LABEL, derive_slice_labels, scan_label_column
+from vit_ct.data.manifests.splits import SPLITS, assign_splits, check_patient_splits, list_lines
 
 # mm per pixel of slices whose files carry no spacing (.npy); a DICOM's or NIfTI's own header wins
 SPACING_COLUMN = "pixel_spacing_mm"
@@ -155,7 +155,7 @@ def read_manifest(
         columns untouched as text.
         `df.attrs["label_columns"]` holds the multi-label names (or None) and `df.attrs["manifest"]` the CSV path.
         With scan labels standing in for a missing slice-label column, `df.attrs["scan_labels"]` names their columns
-        and the slice column holds what they allow (:func:`vit_ct.data.scan_labels.derive_slice_labels`).
+        and the slice column holds what they allow (:func:`vit_ct.data.manifests.scan_labels.derive_slice_labels`).
 
     Raises:
         ValueError: naming the file and the CSV line numbers, for a missing/empty/unreadable CSV, a missing `image`,

@@ -7,7 +7,7 @@ Where the integrity checks run. A slot at 256 px is 128 KiB (float16), so RSNA's
 at every start would cost minutes where a later run should start in seconds. Instead:
 - opening the cache (in the pre-run check, under its lock) compares each data file's size with the slots committed
   into it: slots past the end of a truncated or deleted file are marked unfinished, so the check rebuilds them; an
-  index that is not a database is rebuilt (`vit_ct.data.cache_index`);
+  index that is not a database is rebuilt (`vit_ct.data.cache.cache_index`);
 - the check verifies a random sample of 64 of the manifest's slots (8 MiB): a data file overwritten as a whole fails
   it, and then every slot is verified and the changed ones rebuilt; every slot is verified after a reader found one;
 - every batch verifies the slots it gathers, so a changed byte is never trained on: the batch raises `CacheSlotError`
@@ -30,9 +30,9 @@ import numpy as np
 import torch
 import xxhash
 
-from vit_ct.data.cache_folder import cache_folder, storage_errors
-from vit_ct.data.cache_index import SlotIndex, SlotInfo, SlotKey
-from vit_ct.data.model_input import grid_hu, grid_mask
+from vit_ct.data.cache.cache_folder import cache_folder, storage_errors
+from vit_ct.data.cache.cache_index import SlotIndex, SlotInfo, SlotKey
+from vit_ct.data.transforms.model_input import grid_hu, grid_mask
 
 __all__ = ["CacheSlotError", "SliceCache", "SlotInfo", "SlotKey", "cache_folder"]
 
@@ -255,8 +255,8 @@ class SliceCache:
         return self._open()[1] is not None
 
     def batch(self, slots: np.ndarray, *, out: np.ndarray | None = None, out_mask: np.ndarray | None = None) -> dict:
-        """Slots as a batch before windowing (`vit_ct.data.model_input.apply_windows`), in one gather from the maps,
-        each slot verified against its checksum: ``hu`` ``(B, 1, S, S)`` in the cache's dtype, ``mask``
+        """Slots as a batch before windowing (`vit_ct.data.transforms.model_input.apply_windows`), in one gather from
+        the maps, each slot verified against its checksum: ``hu`` ``(B, 1, S, S)`` in the cache's dtype, ``mask``
         ``(B, 1, S, S)`` uint8 (zeros without a mask; left out when the cache holds no mask at all, as for RSNA:
         zeros are made where the batch lands), ``has_mask``, ``source_shape`` ``(B, 2)`` and ``pixel_spacing_mm``
         ``(B,)`` of the model grid (NaN where unknown). ``out``, ``out_mask``: ``(B, S, S)`` arrays (the cache's dtype;

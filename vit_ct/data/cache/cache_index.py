@@ -13,8 +13,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from vit_ct.data.cache_folder import is_unreadable_database, remove_database, storage_errors
-from vit_ct.data.check_record import FileStat
+from vit_ct.data.cache.cache_folder import is_unreadable_database, remove_database, storage_errors
+from vit_ct.data.cache.check_record import FileStat
 
 CACHE_VERSION = 3  # bump when what a slot holds changes (resizing, padding, dtype, checksum): old slots are rebuilt
 _NO_FRAME = -1

@@ -11,15 +11,14 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
-from vit_ct.explain.localisation import (
+from vit_ct.explain.maps import Explained, localisation_maps
+from vit_ct.metrics.localisation import (
     MAP_SOURCES,
     SURFACE_DISTANCE_SOURCES,
     LocalisationMetrics,
-    localisation_maps,
     pixel_units_note,
 )
-from vit_ct.explain.maps import Explained
-from vit_ct.explain.sink import SinkMetrics
+from vit_ct.metrics.sink import SinkMetrics
 
 
 class MapMetrics(nn.Module):

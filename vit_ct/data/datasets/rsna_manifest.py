@@ -4,7 +4,7 @@ Kaggle layout: ``stage_2_train.csv`` holds one row ``ID_<sop id>_<subtype>,<0/1>
 subtypes and ``any``); the slices are ``ID_<sop id>.dcm`` in one folder. The manifest has one row per slice:
 ``image``, the six label columns and ``patient_id`` (from each DICOM header, so the split keeps patients apart).
 
-    python -m vit_ct.data.rsna stage_2_train.csv stage_2_train/ rsna_manifest.csv
+    python -m vit_ct.data.datasets.rsna_manifest stage_2_train.csv stage_2_train/ rsna_manifest.csv
     vit-ct fit --config configs/rsna_ich.yaml --data.manifest rsna_manifest.csv
 """
 
@@ -139,8 +139,10 @@ def build_rsna_manifest(
 
 
 def main(args: list[str] | None = None) -> None:
-    """``python -m vit_ct.data.rsna LABELS_CSV DICOM_DIR OUT_CSV``."""
-    parser = argparse.ArgumentParser(prog="python -m vit_ct.data.rsna", description=__doc__.split("\n")[0])
+    """``python -m vit_ct.data.datasets.rsna_manifest LABELS_CSV DICOM_DIR OUT_CSV``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m vit_ct.data.datasets.rsna_manifest", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("labels_csv", help="Kaggle's stage_2_train.csv")
     parser.add_argument("dicom_dir", help="folder of the ID_<sop id>.dcm slices")
     parser.add_argument("out_csv", help="manifest CSV to write")

@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def write_scans(parser: argparse.ArgumentParser, scans: list[str], output: str, overwrite: bool) -> None:
     """The manifest of the CT slices under DICOM folders and NIfTI volumes, its labels left empty."""
-    from vit_ct.data.scans import write_scan_manifest  # here: `vit-ct manifest --help` answers without it
+    from vit_ct.data.io.scans import write_scan_manifest  # here: `vit-ct manifest --help` answers without it
     from vit_ct.run.console import counted
 
     if Path(output).exists() and not overwrite:

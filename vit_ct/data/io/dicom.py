@@ -14,8 +14,8 @@ from pydicom.errors import InvalidDicomError
 from pydicom.pixels import get_decoder, pixel_array
 from pydicom.pixels.utils import get_expected_length, get_nr_frames
 
-from vit_ct.data.filecheck import UnreadableFileError, frame_index
-from vit_ct.data.windows import AIR_HU
+from vit_ct.data.io.filecheck import UnreadableFileError, frame_index
+from vit_ct.data.transforms.windows import AIR_HU
 
 _MONOCHROME = ("MONOCHROME1", "MONOCHROME2")
 CT_MODALITIES = ("CT",)  # DICOM Modality values whose rescaled values are Hounsfield units

@@ -18,14 +18,14 @@ import numpy as np
 import pandas as pd
 from rich.progress import MofNCompleteColumn
 
-from vit_ct.data.cache_folder import out_of_space_error, storage_errors
-from vit_ct.data.check_record import CheckRecord, FileStat, ImageEntry, MaskEntry, stat_file
-from vit_ct.data.check_workers import available_cpus, run_jobs
-from vit_ct.data.dicom import CT_MODALITIES
-from vit_ct.data.duplicates import check_duplicate_images, file_digest
-from vit_ct.data.labels import lesion_rows
-from vit_ct.data.reader import load_ct_slice, load_mask, read_modality, read_pixel_spacing
-from vit_ct.data.slice_cache import START_SAMPLE, SliceCache, SlotInfo, SlotKey
+from vit_ct.data.cache.cache_folder import out_of_space_error, storage_errors
+from vit_ct.data.cache.check_record import CheckRecord, FileStat, ImageEntry, MaskEntry, stat_file
+from vit_ct.data.cache.slice_cache import START_SAMPLE, SliceCache, SlotInfo, SlotKey
+from vit_ct.data.io.dicom import CT_MODALITIES
+from vit_ct.data.io.reader import load_ct_slice, load_mask, read_modality, read_pixel_spacing
+from vit_ct.data.manifests.check_workers import available_cpus, run_jobs
+from vit_ct.data.manifests.duplicates import check_duplicate_images, file_digest
+from vit_ct.data.manifests.labels import lesion_rows
 from vit_ct.progress import Progress
 
 __all__ = ["BadFile", "validate_manifest_files", "write_bad_files"]
@@ -156,7 +156,7 @@ def validate_manifest_files(
     Raises:
         ValueError: with `on_bad_file="raise"` when any file is unusable: every bad row with its CSV line, path
             and reason. Also (either way) when copies of one image have different labels or splits, and when the
-            cache's or the record's disk has no room (`vit_ct.data.cache_folder.out_of_space_error`).
+            cache's or the record's disk has no room (`vit_ct.data.cache.cache_folder.out_of_space_error`).
     """
     if on_bad_file not in ("raise", "skip"):
         raise ValueError(f"on_bad_file must be 'raise' or 'skip', got {on_bad_file!r}")

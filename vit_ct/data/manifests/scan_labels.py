@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from vit_ct.data.splits import list_lines
+from vit_ct.data.manifests.splits import list_lines
 
 SCAN_PREFIX = "scan_"
 SCAN_LABEL = "scan_label"  # the scan label beside single-label data (`label`)

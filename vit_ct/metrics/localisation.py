@@ -1,7 +1,8 @@
 """Does the explanation point at the lesion? Pointing game, energy in the mask and pixel AUROC of attention-rollout
 maps (arXiv:2005.00928) against lesion masks, and the map read as a segmentation (Dice, IoU, HD95:
 :mod:`vit_ct.explain.segmentation`), as torchmetrics ``Metric``s, with two floors to beat and the ceiling the patch
-grid sets.
+grid sets. The maps themselves (the rollout upsampled, the floors, the ceiling) are made in
+:func:`vit_ct.explain.maps.localisation_maps`.
 
 Every score is computed per slice, over the head's pixels only (air is trivially unattended), on slices whose lesion
 mask is known and non-empty, and averaged over those slices. Written here because torchmetrics' own AUROC pools the
@@ -19,10 +20,9 @@ import warnings
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 from torchmetrics import Metric
 
-from vit_ct.explain.segmentation import perfect_patch_map, segmentation_scores
+from vit_ct.explain.segmentation import segmentation_scores
 from vit_ct.explain.spacing import HEAD_FIELD_OF_VIEW_MM as HEAD_FIELD_OF_VIEW_MM  # imported from here before
 from vit_ct.explain.spacing import model_grid_spacing_mm as model_grid_spacing_mm
 from vit_ct.explain.spacing import pixel_units_note, slice_spacing
@@ -298,52 +298,6 @@ class LocalisationMetrics(Metric):
         return {**means, "slices": self.slices, "pixel_slices": self.pixel_slices}
 
 
-def upsample(maps: torch.Tensor, size: tuple[int, int] | torch.Size) -> torch.Tensor:
-    """``(B, grid_h, grid_w)`` patch maps -> ``(B, *size)`` float32, bilinearly, clipped at 0: how every map is
-    brought to the slice grid (float32 also under AMP: fewer false ties)."""
-    with torch.autocast(maps.device.type, enabled=False):
-        heat = F.interpolate(maps[:, None].float(), size=tuple(size), mode="bilinear", align_corners=False)
-    return heat[:, 0].clamp_min(0)
-
-
-def upsampled_rollout(model: nn.Module, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logits and the attention rollout bilinearly upsampled to the input's ``(B, S, S)``.
-
-    Args:
-        model: a :class:`vit_ct.ViTClassifier` or any module whose ``explain(image)`` returns logits and
-            ``(B, grid_h, grid_w)`` rollout; in eval mode.
-        image: ``(B, C, S, S)`` model input.
-    """
-    with torch.no_grad():
-        logits, rollout = model.explain(image)
-    return logits, upsample(rollout, image.shape[-2:])  # (B, S, S)
-
-
-def localisation_maps(
-    model: nn.Module | None, batch: dict, *, rollout: torch.Tensor | None = None
-) -> dict[str, torch.Tensor]:
-    """The maps localisation scores on the model grid, each ``(B, S, S)``.
-
-    ``rollout``: the model's attention rollout, upsampled; ``floor_image``: the first window of the image itself
-    (acute blood is bright); ``floor_head``: the head mask (uniform over the head: chance); ``perfect_patch``: the
-    lesion mask pooled to the rollout's patch grid and upsampled (the ceiling of any patch-level map).
-
-    Args:
-        model: see :func:`upsampled_rollout`; may be None when ``rollout`` is given.
-        batch: a :class:`vit_ct.CTBatch` (``image``, ``head`` and ``mask`` are read).
-        rollout: ``(B, grid_h, grid_w)`` rollout already computed for this batch; None: the model's.
-    """
-    if rollout is None:
-        with torch.no_grad():
-            rollout = model.explain(batch["image"])[1]
-    return {
-        "rollout": upsample(rollout, batch["image"].shape[-2:]),
-        "floor_image": batch["image"][:, 0].float(),
-        "floor_head": batch["head"][:, 0].float(),
-        "perfect_patch": perfect_patch_map(batch["mask"][:, 0] > 0.5, rollout.shape[-2:]),
-    }
-
-
 def scores_per_slice(
     maps: dict[str, torch.Tensor], batch: dict, *, tolerance_mm: float, sources: tuple[str, ...] = MAP_SOURCES
 ) -> dict[str, torch.Tensor]:
@@ -353,7 +307,7 @@ def scores_per_slice(
     known, non-empty lesion mask): what ``vit-ct predict`` writes and the review lists.
 
     Args:
-        maps: ``{source: (B, S, S)}``, as :func:`localisation_maps` returns them.
+        maps: ``{source: (B, S, S)}``, as :func:`vit_ct.explain.maps.localisation_maps` returns them.
         batch: the :class:`vit_ct.CTBatch` (``mask``, ``head``, ``has_mask``, optional ``pixel_spacing_mm`` and
             ``source_shape``).
         tolerance_mm: Pointing-game tolerance (in source pixels on slices without a pixel spacing).

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from vit_ct.data.labels import lesion_scan_rows
+from vit_ct.data.manifests.labels import lesion_scan_rows
 
 SPLITS = ("train", "val", "test")
 SPLIT_FRACTIONS = (0.7, 0.15, 0.15)  # train / val / test shares of the patients when a manifest names no split

@@ -1,6 +1,6 @@
 """Per-scan results of ``vit-ct predict``: ``scans.csv`` (slice probabilities, the scan's probability as the maximum
-over its slices, the slice where it peaks: :mod:`vit_ct.metrics.scans`) and, per scan, the rollout volume and the CT
-as NIfTI on the scan's own grid and affine, so that a viewer (3D Slicer, ITK-SNAP) overlays them without
+over its slices, the slice where it peaks: :mod:`vit_ct.metrics.lesion_probability`) and, per scan, the rollout volume
+and the CT as NIfTI on the scan's own grid and affine, so that a viewer (3D Slicer, ITK-SNAP) overlays them without
 registration.
 """
 
@@ -14,14 +14,14 @@ import numpy as np
 import pandas as pd
 from lightning.pytorch.callbacks import Callback
 
-from vit_ct.data.labels import lesion_labels
-from vit_ct.data.manifest import frame_number
-from vit_ct.data.reader import from_display, load_ct_slice
-from vit_ct.data.scans import Scan, find_scans, nifti_scan
-from vit_ct.data.windows import AIR_HU
+from vit_ct.data.io.reader import from_display, load_ct_slice
+from vit_ct.data.io.scans import Scan, find_scans, nifti_scan
+from vit_ct.data.manifests.labels import lesion_labels
+from vit_ct.data.manifests.manifest import frame_number
+from vit_ct.data.transforms.windows import AIR_HU
 from vit_ct.explain.volume_views import render_orthogonal_views
 from vit_ct.files import atomic_write
-from vit_ct.metrics.scans import lesion_probability, scan_column, scan_summary
+from vit_ct.metrics.lesion_probability import lesion_probability, scan_column, scan_summary
 from vit_ct.metrics.schema import PREDICTIONS, SCANS
 
 # ------------------------------------------------------------------------------------------------------- NIfTI
@@ -72,8 +72,8 @@ def group_scan(images: list[str]) -> Scan | None:
 
 
 def prediction_labels(predictions: pd.DataFrame, pl_module) -> pd.Series:
-    """Each row's lesion label (:func:`vit_ct.data.labels.lesion_labels`) from ``predictions.csv``'s ``label`` or,
-    multi-label, ``label_<name>`` columns (written where known); <NA> where unknown."""
+    """Each row's lesion label (:func:`vit_ct.data.manifests.labels.lesion_labels`) from ``predictions.csv``'s ``label``
+    or, multi-label, ``label_<name>`` columns (written where known); <NA> where unknown."""
     if pl_module.task != "multilabel":
         return lesion_labels(predictions)
     columns = PREDICTIONS.labels(pl_module.class_names)

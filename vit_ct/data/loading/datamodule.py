@@ -17,28 +17,28 @@ from filelock import FileLock, Timeout
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, WeightedRandomSampler
 
-from vit_ct.data.check_record import CheckRecord
-from vit_ct.data.contract import DEFAULT_IMG_SIZE, DEFAULT_WINDOWS, InputContract
-from vit_ct.data.distributed import (
+from vit_ct.data.cache.check_record import CheckRecord
+from vit_ct.data.cache.slice_cache import SliceCache, cache_folder
+from vit_ct.data.io.scans import Scan, Skipped, find_scans, scan_table
+from vit_ct.data.loading.distributed import (
     EpochShuffleSampler,
     MarkedPaddingSampler,
     ResumableDataLoader,
     decode_index,
     global_seed,
 )
-from vit_ct.data.manifest import (
+from vit_ct.data.loading.slice_dataset import CTBatch, CTSliceDataset, collate, slice_item
+from vit_ct.data.loading.slice_module import SliceDataModule, Window
+from vit_ct.data.manifests.manifest import (
     assign_splits,
     check_label_range,
     read_manifest,
     validate_manifest_files,
     write_bad_files,
 )
-from vit_ct.data.model_input import HEAD_HU, model_grid_spacing
-from vit_ct.data.scans import Scan, Skipped, find_scans, scan_table
-from vit_ct.data.slice_cache import SliceCache, cache_folder
-from vit_ct.data.slice_dataset import CTBatch, CTSliceDataset, collate, slice_item
-from vit_ct.data.slice_module import SliceDataModule, Window
-from vit_ct.data.splits import SPLIT_FRACTIONS
+from vit_ct.data.manifests.splits import SPLIT_FRACTIONS
+from vit_ct.data.transforms.contract import DEFAULT_IMG_SIZE, DEFAULT_WINDOWS, InputContract
+from vit_ct.data.transforms.model_input import HEAD_HU, model_grid_spacing
 
 # HEAD_HU, model_grid_spacing, CTBatch and slice_item lived here before; sim and saved code import them from here.
 __all__ = ["HEAD_HU", "CTBatch", "CTSliceDataModule", "CTSliceDataset", "model_grid_spacing", "slice_item"]
@@ -59,10 +59,11 @@ class CTSliceDataModule(SliceDataModule):
         batch_size: Slices per batch (per device under DDP).
         num_workers: DataLoader worker processes.
         augment: Random flips, rotations, scaling, shifts, noise and contrast on the training split, applied to whole
-            batches on the training device (:class:`~vit_ct.data.augment.BatchAugmentation`), after the cache.
+            batches on the training device (:class:`~vit_ct.data.transforms.augment.BatchAugmentation`), after the
+            cache.
         scanner_augment: Also another scanner's reconstruction kernel, dose and HU calibration, in HU before the
-            windows (:class:`~vit_ct.data.scanner_augment.ScannerAugmentation`, MONAI's Gaussian filter), on the
-            training split: for CT from scanners the training set does not have.
+            windows (:class:`~vit_ct.data.transforms.scanner_augment.ScannerAugmentation`, MONAI's Gaussian filter), on
+            the training split: for CT from scanners the training set does not have.
         cache: ``true`` (or ``memory``): keep preprocessed slices in memory (fast epochs for sets that fit): float32
             HU on the model grid, windowed as each batch is read, copied before the first epoch from what the
             pre-run check stores under ``cache_dir`` (256 KiB a slice at 256), so that a later run reads no file.
@@ -151,7 +152,7 @@ class CTSliceDataModule(SliceDataModule):
 
         Raises:
             ValueError: the contract does not know its windows (a checkpoint written before inputs were recorded:
-                :meth:`~vit_ct.data.contract.InputContract.completed` fills them in).
+                :meth:`~vit_ct.data.transforms.contract.InputContract.completed` fills them in).
         """
         if contract.windows is None:
             raise ValueError(

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from vit_ct.data.grid import to_model_grid
-from vit_ct.data.windows import AIR_HU
+from vit_ct.data.transforms.grid import to_model_grid
+from vit_ct.data.transforms.windows import AIR_HU
 
 HEAD_HU = -300.0  # above it: tissue, not air (fat is -100)
 

@@ -12,19 +12,19 @@ import pandas as pd
 import torch
 from torch.utils.data import Dataset, default_collate
 
-from vit_ct.data.distributed import decode_index
-from vit_ct.data.manifest import SPACING_COLUMN, manifest_frame
-from vit_ct.data.model_input import apply_windows, grid_hu, grid_mask, model_grid_spacing
-from vit_ct.data.reader import load_ct_slice, load_mask, read_pixel_spacing
-from vit_ct.data.scan_labels import scan_ids, scan_labels_tensor
-from vit_ct.data.slice_cache import SliceCache
+from vit_ct.data.cache.slice_cache import SliceCache
+from vit_ct.data.io.reader import load_ct_slice, load_mask, read_pixel_spacing
+from vit_ct.data.loading.distributed import decode_index
+from vit_ct.data.manifests.manifest import SPACING_COLUMN, manifest_frame
+from vit_ct.data.manifests.scan_labels import scan_ids, scan_labels_tensor
+from vit_ct.data.transforms.model_input import apply_windows, grid_hu, grid_mask, model_grid_spacing
 from vit_ct.progress import track
 
 _FILL_CHUNK = 256  # slices copied at once when the in-memory cache is filled from the disk cache
 
 
 class ScanKeys(TypedDict, total=False):
-    """The keys of a batch only where the manifest has scan labels (:mod:`vit_ct.data.scan_labels`)."""
+    """The keys of a batch only where the manifest has scan labels (:mod:`vit_ct.data.manifests.scan_labels`)."""
 
     scan_label: torch.Tensor  # (B,) int64, or (B, L) 0/1; -1 where unknown: the label of the slice's scan
     scan: torch.Tensor  # (B,) int64: the slice's scan, numbered within its split
@@ -60,7 +60,7 @@ def slice_item(
     pixel_spacing_mm: tuple[float, float] | None = None,
 ) -> dict:
     """One slice as a :class:`CTBatch` item (all keys but ``valid``) on the model grid; with ``windows`` None, its HU
-    (``hu``, windowed where the batch lands: :func:`~vit_ct.data.model_input.apply_windows`).
+    (``hu``, windowed where the batch lands: :func:`~vit_ct.data.transforms.model_input.apply_windows`).
 
     Args:
         hu: Slice ``(rows, cols)`` in HU.
@@ -95,13 +95,13 @@ class CTSliceDataset(Dataset):
     """Rows of a manifest table as :class:`CTBatch` items.
 
     Args:
-        table: Rows of one split (see :func:`vit_ct.data.manifest.read_manifest`).
+        table: Rows of one split (see :func:`vit_ct.data.manifests.manifest.read_manifest`).
         windows: HU windows, one channel each.
         img_size: Side of the model input.
         label_columns: Multi-label columns; None reads ``label``.
         cache: Keep every preprocessed slice in memory after the first read; from ``store`` when given: its HU on
             the model grid, copied once, windowed as each batch is read.
-        read_options: Keyword arguments of :func:`~vit_ct.data.reader.load_ct_slice` (``modalities``,
+        read_options: Keyword arguments of :func:`~vit_ct.data.io.reader.load_ct_slice` (``modalities``,
             ``stored_values_are_hu``).
         store: Read the slices from this disk cache instead of their files (slot of each row in the table's
             ``cache_slot``); items then hold HU on the model grid, windowed later (``CTBatch``), but ``load`` still
@@ -128,7 +128,7 @@ class CTSliceDataset(Dataset):
         self.img_size = img_size
         self.label_columns = list(label_columns) if label_columns else None
         self.labels = table_labels(self.table, self.label_columns)
-        # scan labels (multiple-instance learning, vit_ct.data.scan_labels): each row's scan label and scan number
+        # scan labels (multiple-instance learning, vit_ct.data.manifests.scan_labels): each row's scan label and number
         self.scan_labels = scan_labels_tensor(self.table)
         self.scans = None if self.scan_labels is None else torch.from_numpy(scan_ids(self.table))
         self.store = None if cache else store  # batches straight from the disk cache
@@ -241,7 +241,7 @@ class CTSliceDataset(Dataset):
 
     def _fill_spacing(self, batch: dict, rows: np.ndarray) -> None:
         """Where a batch from the disk cache has no pixel spacing (its slot's file carries none), the manifest's, on
-        the model grid (as :func:`~vit_ct.data.model_input.model_grid_spacing` scales it)."""
+        the model grid (as :func:`~vit_ct.data.transforms.model_input.model_grid_spacing` scales it)."""
         if self.given_spacing is None:
             return
         given = torch.from_numpy(self.given_spacing[rows]) * batch["source_shape"].amax(dim=1) / self.img_size
@@ -253,7 +253,9 @@ class CTSliceDataset(Dataset):
             return self._stored_items([index])[0]
         if self._source is not None:
             return self._held_items([index])[0]
-        index, valid = decode_index(index)  # a DDP padding repeat arrives as -1 - index (vit_ct.data.distributed)
+        index, valid = decode_index(
+            index
+        )  # a DDP padding repeat arrives as -1 - index (vit_ct.data.loading.distributed)
         return dict(self.load(index), valid=torch.tensor(valid), **self._scan_items(index))
 
     def _scan_items(self, rows: torch.Tensor | int) -> dict[str, torch.Tensor]:

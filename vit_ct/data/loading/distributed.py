@@ -3,7 +3,7 @@ and evaluation shards whose padding is marked, so DDP metrics count every slice 
 
 Under DDP every rank must run the same number of batches, so a split whose size is not a multiple of the world
 size is padded with repeated samples (as :class:`~torch.utils.data.DistributedSampler` does). The padding here comes
-as ``-1 - index``; :class:`~vit_ct.data.datamodule.CTSliceDataset` reads it as slice ``index`` with
+as ``-1 - index``; :class:`~vit_ct.data.loading.datamodule.CTSliceDataset` reads it as slice ``index`` with
 ``valid=False``, and the model leaves such samples out of its metrics.
 """
 

@@ -9,20 +9,20 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from vit_ct.data.augment import BatchAugmentation
-from vit_ct.data.contract import DEFAULT_IMG_SIZE, DEFAULT_WINDOWS, InputContract
-from vit_ct.data.distributed import MarkedPaddingSampler, global_seed
-from vit_ct.data.model_input import apply_windows
-from vit_ct.data.scanner_augment import ScannerAugmentation
-from vit_ct.data.slice_dataset import CTBatch
-from vit_ct.data.windows import parse_windows
+from vit_ct.data.loading.distributed import MarkedPaddingSampler, global_seed
+from vit_ct.data.loading.slice_dataset import CTBatch
+from vit_ct.data.transforms.augment import BatchAugmentation
+from vit_ct.data.transforms.contract import DEFAULT_IMG_SIZE, DEFAULT_WINDOWS, InputContract
+from vit_ct.data.transforms.model_input import apply_windows
+from vit_ct.data.transforms.scanner_augment import ScannerAugmentation
+from vit_ct.data.transforms.windows import parse_windows
 
 Window = str | tuple[float, float]
 __all__ = ["DEFAULT_IMG_SIZE", "DEFAULT_WINDOWS", "SliceDataModule", "Window"]
 
 
 class SliceDataModule(L.LightningDataModule):
-    """The base of vit-ct's data modules: slices as :class:`~vit_ct.data.slice_dataset.CTBatch` batches.
+    """The base of vit-ct's data modules: slices as :class:`~vit_ct.data.loading.slice_dataset.CTBatch` batches.
 
     Subclasses add where the slices come from (``setup`` and the loaders) and may refuse bad input before a run in
     :meth:`check`.
@@ -32,10 +32,10 @@ class SliceDataModule(L.LightningDataModule):
         img_size: Side of the square model input.
         batch_size: Slices per batch (per device under DDP).
         num_workers: DataLoader worker processes.
-        augment: Augment training batches where they land (:class:`~vit_ct.data.augment.BatchAugmentation`).
+        augment: Augment training batches where they land (:class:`~vit_ct.data.transforms.augment.BatchAugmentation`).
         scanner_augment: Before the windows, another scanner's kernel, dose and HU calibration on training batches
-            (:class:`~vit_ct.data.scanner_augment.ScannerAugmentation`); the batches then travel in HU.
-        read_options: Options of :func:`~vit_ct.data.reader.load_ct_slice` (``modalities``,
+            (:class:`~vit_ct.data.transforms.scanner_augment.ScannerAugmentation`); the batches then travel in HU.
+        read_options: Options of :func:`~vit_ct.data.io.reader.load_ct_slice` (``modalities``,
             ``stored_values_are_hu``), recorded in the input contract.
     """
 
@@ -98,7 +98,7 @@ class SliceDataModule(L.LightningDataModule):
 
     def _evaluation_loader(self, dataset: Dataset, **loader) -> DataLoader:
         """A loader over every slice of ``dataset`` once; under DDP each rank's shard is padded with marked repeats,
-        so that no slice counts twice (:mod:`vit_ct.data.distributed`)."""
+        so that no slice counts twice (:mod:`vit_ct.data.loading.distributed`)."""
         ranks = self._ranks()
         sampler = MarkedPaddingSampler(dataset, **ranks) if ranks.get("num_replicas", 1) > 1 else None
         return DataLoader(dataset, batch_size=self.batch_size, sampler=sampler, drop_last=False, **loader)

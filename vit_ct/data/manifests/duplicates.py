@@ -12,7 +12,7 @@ import warnings
 
 import pandas as pd
 
-from vit_ct.data.splits import image_keys, list_lines
+from vit_ct.data.manifests.splits import image_keys, list_lines
 
 _CHUNK = 1 << 20  # bytes read at a time while hashing
 

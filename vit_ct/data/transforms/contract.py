@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from vit_ct.data.windows import WINDOW_PRESETS, parse_windows
+from vit_ct.data.transforms.windows import WINDOW_PRESETS, parse_windows
 
 CHECKPOINT_KEY = "vit_ct_input"  # top-level key of a vit-ct checkpoint
 READ_OPTIONS = ("modalities", "stored_values_are_hu")  # the load_ct_slice options that change what a model sees
@@ -52,7 +52,7 @@ class InputContract:
         """Plain values, as a checkpoint stores them (loadable with ``torch.load(weights_only=True)``)."""
         values = asdict(self)
         values["windows"] = None if self.windows is None else [list(w) for w in self.windows]
-        if self.read_options is not None and self.read_options["modalities"] is not None:
+        if self.read_options is not None and self.read_options.get("modalities") is not None:
             values["read_options"] = {**self.read_options, "modalities": list(self.read_options["modalities"])}
         return values
 
@@ -86,7 +86,7 @@ class InputContract:
     def completed(self, *, windows=None, read_options: dict[str, Any] | None = None) -> InputContract:
         """This contract with what it does not know filled in (a checkpoint written before inputs were recorded):
         ``windows`` (as ``parse_windows`` takes them; none given: ``brain`` for a one-channel model) and the read
-        options found in ``read_options`` (a data module's arguments; the rest keep ``load_ct_slice``'s defaults).
+        options found in ``read_options`` (a data module's arguments; the rest keep the data module's defaults).
         What the contract knows stays as it is.
 
         Raises:
@@ -102,12 +102,9 @@ class InputContract:
                     " inputs: pass the windows it was trained with (e.g. ['brain', 'subdural'])"
                 )
         options = self.read_options
-        if options is None:
-            from vit_ct.data.dicom import CT_MODALITIES  # (pydicom: only where a contract is completed)
-
-            given = {name: value for name, value in (read_options or {}).items() if name in READ_OPTIONS}
-            options = {"modalities": CT_MODALITIES, "stored_values_are_hu": False, **given}  # load_ct_slice's defaults
-            if options["modalities"] is not None:
+        if options is None:  # those the data arguments give; the rest keep the data module's defaults
+            options = {name: value for name, value in (read_options or {}).items() if name in READ_OPTIONS} or None
+            if options is not None and options.get("modalities") is not None:
                 options["modalities"] = tuple(options["modalities"])
         return InputContract(self.img_size, self.patch_size, self.in_chans, known, options)
 
@@ -119,7 +116,7 @@ class InputContract:
             arguments["windows"] = [list(w) for w in self.windows]
         if self.read_options is not None:
             arguments.update(self.read_options)
-            if arguments["modalities"] is not None:
+            if arguments.get("modalities") is not None:
                 arguments["modalities"] = list(arguments["modalities"])
         return arguments
 
@@ -129,9 +126,9 @@ class InputContract:
         if self.windows is not None:
             text += ", windows " + " + ".join(describe_window(w) for w in self.windows)
         if self.read_options is not None:
-            modalities = self.read_options["modalities"]
+            modalities = self.read_options.get("modalities", ("CT",))
             text += ", " + ("any modality" if modalities is None else "/".join(modalities) + " only")
-            if self.read_options["stored_values_are_hu"]:
+            if self.read_options.get("stored_values_are_hu"):
                 text += ", stored values taken as HU"
         return text
 

@@ -1,0 +1,1 @@
+"""From a manifest to batches: datasets, the data modules, and how DDP deals slices to processes."""
