@@ -16,10 +16,9 @@ from jsonargparse import Namespace
 from vit_ct.data.contract import CHECKPOINT_KEY, InputContract, describe_window
 from vit_ct.data.windows import parse_windows
 from vit_ct.model import shipped
+from vit_ct.model.hparams import NETWORK
 from vit_ct.run.checkpoint import read_checkpoint
 
-# Hyper-parameters that shape the network: `fit --model.weights` builds it as the weights' checkpoint did.
-ARCHITECTURE = ("arch", "patch_size", "stem", "embed_dim", "depth", "num_heads", "reg_tokens", "mask_air")
 # values of --ckpt_path that Lightning resolves itself (not files)
 SPECIAL_CKPT_PATHS = ("best", "last", "hpc", "registry")
 
@@ -75,7 +74,7 @@ def follow_checkpoint(config: Namespace, subcommand: str, *, command_line: Seque
                 model[name] = None
     if kind == "weights":
         hparams = checkpoint["hyper_parameters"]
-        for name in ARCHITECTURE:
+        for name in NETWORK:  # `fit --model.weights` builds the network as the weights' checkpoint did
             value = hparams.get(name, False if name == "mask_air" else None)  # before mask_air: every patch a key
             said = config.model.get(name)
             if said == value:
