@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import DEMO_LEVERS
 from npy_manifest import write_npy_manifest
 from pydicom.data import get_testdata_file
 
@@ -22,7 +23,7 @@ from vit_ct.explain.localisation import LocalisationMetrics, localisation_maps, 
 from vit_ct.predict.writer import PredictionWriter
 
 SIZE = 40  # the test slices' rows and columns (npy_manifest); the model grid is 32 x 32
-TINY = {"embed_dim": 32, "depth": 2, "num_heads": 2, "img_size": 32, "in_chans": 1}
+TINY = {**DEMO_LEVERS, "embed_dim": 32, "depth": 2, "num_heads": 2, "img_size": 32, "in_chans": 1}
 
 
 def _with_spacing(manifest, values) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import DEMO_LEVERS
 from npy_manifest import manifest_args, write_npy_manifest
 from safetensors.torch import load_file
 
@@ -49,14 +50,14 @@ def test_export_writes_half_precision_weights_and_a_card_with_the_input_and_the_
 
 
 def test_shipped_weights_load_by_name_into_the_network_their_card_names(exported):
-    model = ViTClassifier(img_size=32, in_chans=1, pretrained="vit-ct/tiny").eval()  # the default arch is 6 x 192
+    model = ViTClassifier(**DEMO_LEVERS, img_size=32, in_chans=1, pretrained="vit-ct/tiny").eval()  # the card: 2 x 32
     assert (len(model.vit.blocks), model.vit.embed_dim) == (2, 32)
     assert model.input_contract == shipped.input_contract("vit-ct/tiny")
     assert "pretrained" not in model.hparams  # a fine-tuned checkpoint loads without the shipped file
     state = load_file(str(shipped.weights_file("vit-ct/tiny")))
     torch.testing.assert_close(model.vit.blocks[0].mlp.fc1.weight, state["blocks.0.mlp.fc1.weight"].float())
     with pytest.warns(UserWarning, match=r"trained on 1 windows at 32 x 32; built for 1 at 64 x 64, its position"):
-        resized = ViTClassifier(img_size=64, in_chans=1, pretrained="vit-ct/tiny")  # as ViTClassifier(192) would be
+        resized = ViTClassifier(**DEMO_LEVERS, img_size=64, in_chans=1, pretrained="vit-ct/tiny")  # as 224 would be
     assert resized.input_contract != shipped.input_contract("vit-ct/tiny") and resized.input_contract.windows is None
     with pytest.raises(
         ValueError, match=r"vit-ct/nothing: no such weights ship with vit-ct; there are \['vit-ct/tiny'\]"
