@@ -40,11 +40,8 @@ STAGES = ("val", "test")
 class ViTClassifier(L.LightningModule):
     """Slice classifier: P(lesion) for two classes, class probabilities, or per-label probabilities.
 
-    The defaults build a plain ViT classifier as timm's ``arch`` does (its width, depth and heads, classification loss
-    only); the recipes (the demo's 6 blocks, the mask-supervised losses, fine-tuning's rates) live in ``configs/``.
-    The options, by concern: the network (``arch`` to ``attn_drop_rate``), the losses beside classification
-    (``patch_loss_weight`` to ``label_weights``), optimisation (``lr`` to ``grad_checkpointing``), the maps
-    (``rollout_*``, ``localisation_tolerance_mm``) and the start weights (``weights``, ``pretrained``).
+    The defaults are a plain ViT as timm builds ``arch``, with the classification loss alone; the recipes live in
+    ``configs/``. The arguments come by concern: the network, the losses, optimisation, the maps, the start weights.
 
     Args:
         arch: timm ViT architecture the network starts from; the arguments below override its defaults.
