@@ -153,12 +153,14 @@ def main() -> int:
         return 2
     torch.set_float32_matmul_precision("high")
     args.arch = "vit_base_patch16_224"
-    args.model_overrides = {"depth": None, "drop_path_rate": 0.1}
+    # one channel, as the batches; the patch and attention losses read their masks
+    args.model_overrides = {"in_chans": 1, "drop_path_rate": 0.1}
+    args.model_overrides.update(patch_loss_weight=1.0, attention_loss_weight=1.0)
     sizes = [(224, args.batch_224), (512, args.batch_512)]
     precisions = ["16-mixed", "bf16-mixed"] if device.type == "cuda" else ["bf16-mixed"]  # no fp16 AMP on CPU
     rollout = (512, args.rollout_batch)
     if args.tiny:
-        args.model_overrides = {"depth": 2, "embed_dim": 32, "num_heads": 2, "drop_path_rate": 0.1}
+        args.model_overrides.update(depth=2, embed_dim=32, num_heads=2)
         sizes, rollout = [(32, 4), (64, 2)], (64, 2)
         args.steps, args.warmup = min(args.steps, 3), min(args.warmup, 1)
     if device.type == "cuda":

@@ -41,8 +41,7 @@ from vit_ct.run.hardware import auto_precision, describe_machine, usable_cpus
 from vit_ct.run.records import RECORDS, command_line, table, write_record
 
 # The demo's network; the in-memory rows train it on random images without masks, so without the mask-supervised losses
-MODEL = {"arch": "vit_tiny_patch16_224", "depth": 6, "img_size": 128, "patch_loss_weight": 0.0, "drop_path_rate": 0.1}
-MODEL["attention_loss_weight"] = 0.0
+MODEL = {"arch": "vit_tiny_patch16_224", "depth": 6, "img_size": 128, "in_chans": 1, "drop_path_rate": 0.1}
 DEMO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
 DEMO_DATA = Path("data/synthetic").resolve()  # where `make demo` builds the set (built here if it is not)
 

@@ -24,6 +24,12 @@ torch.set_num_threads(min(2, torch.get_num_threads()))
 # Overrides that shrink the demo config to seconds: a 2-block ViT at 32x32 on 64x64 slices.
 ROOT = Path(__file__).resolve().parents[1]
 TINY_MODEL_ARGS = ["--model.embed_dim", "32", "--model.depth", "2", "--model.num_heads", "2"]
+# What the tests' tiny models in Python take from the demo recipe (configs/demo.yaml), which ViTClassifier's defaults
+# leave off: stochastic depth and the mask-supervised losses; their width, depth, input and rate are their own.
+DEMO_LEVERS = {
+    name: yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())["model"][name]
+    for name in ("drop_path_rate", "patch_loss_weight", "attention_loss_weight")
+}
 
 
 def run_vit_ct(*args: str, cwd: Path) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from conftest import quiet_trainer
+from conftest import DEMO_LEVERS, quiet_trainer
 from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import EMAWeightAveraging
 from npy_manifest import manifest_args, write_npy_manifest
@@ -23,7 +23,7 @@ from vit_ct.cli import main
 from vit_ct.run.checkpoint import WANDB_RUN_ID, AtomicCheckpointIO, read_wandb_run_id
 
 TESTS = Path(__file__).resolve().parent
-TINY = {"embed_dim": 32, "depth": 2, "num_heads": 2, "img_size": 32, "in_chans": 1}
+TINY = {**DEMO_LEVERS, "embed_dim": 32, "depth": 2, "num_heads": 2, "img_size": 32, "in_chans": 1}
 
 
 class Payload:
@@ -255,3 +255,44 @@ def _kill_and_resume(tmp_path: Path, common: list[str], whole: subprocess.Popen)
     assert len(files) >= 2 and not list((tmp_path / "resumed").rglob("*.tmp"))
     for path in files:
         assert ViTClassifier.load_from_checkpoint(path).hparams.embed_dim == 32
+
+
+# The hyper-parameters `vit-ct fit --config configs/demo.yaml --config configs/manifest.yaml` stored before vit-ct's
+# defaults became a plain ViT (the demo recipe was the code's then; 32 x 32, one window, 32 wide, as the tests shrink
+# it), read from a checkpoint that version wrote.
+DEMO_RUN_BEFORE_NEUTRAL_DEFAULTS = {
+    "arch": "vit_tiny_patch16_224", "patch_size": 16, "stem": "conv", "num_classes": 2, "embed_dim": 32, "depth": 6,
+    "num_heads": 2, "reg_tokens": 0, "mask_air": True, "drop_rate": 0.0, "attn_drop_rate": 0.0, "drop_path_rate": 0.1,
+    "patch_loss_weight": 1.0, "attention_loss_weight": 1.0, "attention_target": "rollout", "mil_loss_weight": 0.0,
+    "mil_sharpness": 5.0, "evidence_attention": False, "class_weights": None, "label_smoothing": 0.0,
+    "label_weights": None, "lr": 0.001, "weight_decay": 0.05, "warmup_epochs": 1.0, "layer_decay": None,
+    "rollout_head_fusion": "mean", "rollout_discard_ratio": 0.0, "localisation_tolerance_mm": 5.0,
+    "grad_checkpointing": False, "img_size": 32, "multilabel": False, "class_names": None, "in_chans": 1,
+    "_instantiator": "lightning.pytorch.cli.instantiate_module",
+}  # fmt: skip
+CONTRACT = {"img_size": 32, "patch_size": 16, "in_chans": 1, "windows": [[40.0, 80.0]],
+            "read_options": {"modalities": ["CT"], "stored_values_are_hu": False}}  # fmt: skip
+
+
+@pytest.mark.parametrize("stored", ["every argument", "before the link targets and mask_air were stored"])
+def test_a_checkpoint_written_before_the_neutral_defaults_loads_as_it_was_built(tmp_path, stored):
+    """The network is the checkpoint's, not today's defaults' (12 blocks, 224 x 224, three channels, no patch head):
+    every weight loads (strict), and an older checkpoint without its input size and channels (links from the data,
+    which `vit-ct fit` did not store then) or options it predates is built for its input contract and run as then."""
+    hparams = dict(DEMO_RUN_BEFORE_NEUTRAL_DEFAULTS)
+    if stored != "every argument":
+        for name in ("img_size", "in_chans", "multilabel", "class_names", "mask_air", "attention_loss_weight"):
+            del hparams[name]
+    torch.manual_seed(0)
+    built = {k: v for k, v in DEMO_RUN_BEFORE_NEUTRAL_DEFAULTS.items() if not k.startswith("_")}
+    state = ViTClassifier(**built).state_dict()  # the weights of that network, whatever they are
+    path = tmp_path / "old.ckpt"
+    checkpoint = {"state_dict": state, "hyper_parameters": hparams, "vit_ct_input": CONTRACT}
+    torch.save({**checkpoint, "pytorch-lightning_version": "2.5.0", "hparams_name": "kwargs"}, path)
+    model = ViTClassifier.load_from_checkpoint(path)
+    assert (len(model.vit.blocks), model.vit.embed_dim, model.vit.patch_embed.grid_size) == (6, 32, (2, 2))
+    assert model.vit.patch_embed.proj[0].in_channels == 1 and model.patch_head is not None
+    assert model.hparams.drop_path_rate == 0.1 and model.hparams.patch_loss_weight == 1.0
+    assert all(torch.equal(model.state_dict()[name], tensor) for name, tensor in state.items())
+    predated = stored != "every argument"  # trained with every patch a key and without the attention loss
+    assert (model.vit.mask_air, model.patch_losses.attention_weight) == ((False, 0.0) if predated else (True, 1.0))

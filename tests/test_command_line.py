@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import load_benchmark, quiet_trainer
+from conftest import DEMO_LEVERS, load_benchmark, quiet_trainer
 from npy_manifest import DEMO, MANIFEST, manifest_args, write_npy_manifest
 from wandb_records import history_and_config
 
@@ -202,7 +202,7 @@ def test_test_and_validate_print_their_figures_once(tmp_path, capsys, monkeypatc
     manifest = write_npy_manifest(tmp_path / "data", train=2, val=2)
     checkpoint = tmp_path / "model.ckpt"
     trainer = quiet_trainer()
-    trainer.strategy.connect(ViTClassifier(embed_dim=32, depth=2, num_heads=2, img_size=32, in_chans=1))
+    trainer.strategy.connect(ViTClassifier(**DEMO_LEVERS, embed_dim=32, depth=2, num_heads=2, img_size=32, in_chans=1))
     trainer.save_checkpoint(checkpoint)
     for subcommand, stage in (("test", "test"), ("validate", "val")):
         main([subcommand, *manifest_args(manifest), *NO_LOGGER, "--ckpt_path", str(checkpoint)])

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import quiet_trainer
+from conftest import DEMO_LEVERS, quiet_trainer
 from lightning.pytorch import Callback
 from npy_manifest import BEST_BY_VAL_AUROC, manifest_args, write_npy_manifest
 from sklearn.metrics import roc_auc_score
@@ -25,7 +25,7 @@ from vit_ct.metrics import classification as metrics
 from vit_ct.metrics.classification import DefinedBinaryAUROC, DefinedMulticlassAUROC, DefinedMultilabelAUROC
 from vit_ct.run.checkpoint import AtomicCheckpointIO
 
-TINY = {"embed_dim": 32, "depth": 2, "num_heads": 2, "img_size": 32, "in_chans": 1}
+TINY = {**DEMO_LEVERS, "embed_dim": 32, "depth": 2, "num_heads": 2, "img_size": 32, "in_chans": 1}
 NO_LOGGER = ["--trainer.logger", "false"]
 
 

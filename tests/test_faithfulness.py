@@ -5,7 +5,7 @@ from __future__ import annotations
 import lightning as L
 import pytest
 import torch
-from conftest import load_benchmark
+from conftest import DEMO_LEVERS, load_benchmark
 
 from vit_ct.explain.occlusion import brain_baseline, occlusion_sensitivity
 from vit_ct.model import ViTClassifier
@@ -57,7 +57,7 @@ def test_curve_area_over_the_fraction_of_patches(fb):
 
 def test_benchmark_runs_end_to_end(fb, synthetic_set, tmp_path):
     torch.manual_seed(0)
-    model = ViTClassifier(img_size=32, in_chans=2, embed_dim=32, depth=2, num_heads=2)
+    model = ViTClassifier(**DEMO_LEVERS, img_size=32, in_chans=2, embed_dim=32, depth=2, num_heads=2)
     ckpt = tmp_path / "tiny.ckpt"
     checkpoint = {"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams)}
     torch.save({**checkpoint, "pytorch-lightning_version": L.__version__}, ckpt)
@@ -93,7 +93,8 @@ def test_occlusion_is_the_score_drop_of_each_patch_at_the_baseline():
 def test_grad_cam_reads_the_full_patch_grid_of_a_model_that_skips_air(fb):
     """The model lets air patches skip its blocks; Grad-CAM runs the same function with every token in the blocks,
     so it gets the same logits and a map on the whole grid."""
-    model = ViTClassifier(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, in_chans=2).eval()
+    tiny = {"img_size": 32, "patch_size": 8, "embed_dim": 32, "depth": 2, "num_heads": 2, "in_chans": 2}
+    model = ViTClassifier(**DEMO_LEVERS, **tiny).eval()
     images = torch.zeros(2, 2, 32, 32)
     images[0, :, 8:, 8:24] = 0.5
     images[1, :, 16:24, 8:16] = 0.5  # one content patch: the batch runs padded, air masked

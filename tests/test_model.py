@@ -1,37 +1,55 @@
 """ViTClassifier: the timm network it wraps, its losses, optimiser groups, schedule and weight loading."""
 
+from pathlib import Path
+
 import pytest
 import timm
 import torch
+from conftest import DEMO_LEVERS
+from timm.layers import DropPath
 
 from vit_ct import CTSliceDataModule
+from vit_ct.cli import main
 from vit_ct.model import ViTClassifier
 from vit_ct.model.losses import patch_loss
 from vit_ct.model.optim import warmup_cosine
 
-TINY = {"img_size": 32, "in_chans": 1, "embed_dim": 32, "depth": 2, "num_heads": 2}
+DEMO = str(Path(__file__).resolve().parents[1] / "configs" / "demo.yaml")
+TINY = {**DEMO_LEVERS, "img_size": 32, "in_chans": 1, "embed_dim": 32, "depth": 2, "num_heads": 2}
 
 
-def test_default_is_the_demo_model():
+def test_default_is_a_plain_vit_as_timm_builds_its_arch():
     model = ViTClassifier()
-    vit = model.vit
-    assert vit.patch_embed.patch_size == (16, 16)
-    assert vit.patch_embed.grid_size == (12, 12)  # 192 x 192 input
-    assert vit.num_prefix_tokens == 1 and vit.cls_token is not None
+    vit, plain = model.vit, timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=2)
+    shapes = {k: v.shape for k, v in vit.state_dict().items() if not k.startswith("patch_embed.")}
+    assert shapes == {k: v.shape for k, v in plain.state_dict().items() if not k.startswith("patch_embed.")}
+    assert vit.patch_embed.grid_size == (14, 14) and vit.patch_embed.proj[0].in_channels == 3  # 224 x 224, 3 chans
+    assert len(vit.blocks) == 12 and vit.num_prefix_tokens == 1 and vit.cls_token is not None
     assert isinstance(vit.pos_embed, torch.nn.Parameter) and vit.pos_embed.requires_grad  # learnable
-    assert vit.pos_embed.shape == (1, 145, 192)
-    # the data module's defaults prepare exactly this input: brain and subdural windows at 192 x 192
-    data = CTSliceDataModule("m.csv")
-    assert (data.img_size, data.num_channels) == (model.hparams.img_size, model.hparams.in_chans) == (192, 2)
-    assert data.windows == [(40.0, 80.0), (80.0, 200.0)]
-    assert len(vit.blocks) == 6
     assert vit.blocks[0].norm1 is not None  # pre-norm blocks
     assert vit.blocks[0].attn.scale == pytest.approx(vit.blocks[0].attn.head_dim ** -0.5)  # 1/sqrt(d_k)
+    assert all(isinstance(block.drop_path1, torch.nn.Identity) for block in vit.blocks)  # no stochastic depth
+    # the classification loss alone: no patch head, no attention recorded for a loss
+    assert model.patch_head is None and model.patch_losses.attention_weight == 0.0
+
+
+def test_the_demo_config_builds_the_demo_model():
+    """configs/demo.yaml states its recipe: 6 blocks at 192 x 192 with the data module's brain and subdural windows,
+    stochastic depth, the patch head and the attention loss on the masks."""
+    model = main(["--config", DEMO, "--trainer.logger", "false"], run=False).model
+    vit = model.vit
+    assert len(vit.blocks) == 6 and vit.embed_dim == 192 and vit.pos_embed.shape == (1, 145, 192)  # 12 x 12 patches
+    assert vit.patch_embed.proj[0].in_channels == 2 and model.hparams.stem == "conv"
+    assert model.patch_head is not None and model.patch_losses.attention_weight == 1.0
+    assert isinstance(vit.blocks[-1].drop_path1, DropPath) and vit.blocks[-1].drop_path1.drop_prob == pytest.approx(0.1)
+    data = CTSliceDataModule("m.csv")  # the data module's defaults prepare the demo model's input
+    assert (data.img_size, data.num_channels) == (model.hparams.img_size, model.hparams.in_chans) == (192, 2)
+    assert data.windows == [(40.0, 80.0), (80.0, 200.0)]
 
 
 def test_logits_equal_timm_own_model():
     torch.manual_seed(0)
-    model = ViTClassifier(**{**TINY, "in_chans": 3}, stem="patch", num_classes=4, drop_path_rate=0.0).eval()
+    model = ViTClassifier(**{**TINY, "in_chans": 3, "drop_path_rate": 0.0}, stem="patch", num_classes=4).eval()
     reference = timm.create_model(
         "vit_tiny_patch16_224",
         pretrained=False,
@@ -92,7 +110,7 @@ def test_patch_loss_skips_positive_slices_without_mask():
 
 def test_the_model_adds_its_patch_head_loss_weighted():
     torch.manual_seed(0)
-    model = ViTClassifier(**TINY, patch_loss_weight=0.5, attention_loss_weight=0.0, drop_path_rate=0.0)
+    model = ViTClassifier(**{**TINY, "patch_loss_weight": 0.5, "attention_loss_weight": 0.0, "drop_path_rate": 0.0})
     batch = _batch()
     total, logits, parts = model.losses(batch)
     tokens = model.vit.forward_features(batch["image"])

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import quiet_trainer
+from conftest import DEMO_LEVERS, quiet_trainer
 from npy_manifest import write_npy_manifest
 from pydicom.data import get_testdata_file
 
@@ -23,7 +23,7 @@ from vit_ct.metrics.localisation import LocalisationMetrics, scores_per_slice
 from vit_ct.predict.writer import PredictionWriter
 
 SIZE = 40  # the test slices' rows and columns (npy_manifest); the model grid is 32 x 32
-TINY = {"embed_dim": 32, "depth": 2, "num_heads": 2, "img_size": 32, "in_chans": 1}
+TINY = {**DEMO_LEVERS, "embed_dim": 32, "depth": 2, "num_heads": 2, "img_size": 32, "in_chans": 1}
 
 
 def _with_spacing(manifest, values) -> None:

@@ -6,12 +6,13 @@ import math
 
 import pytest
 import torch
+from conftest import DEMO_LEVERS
 from npy_manifest import manifest_args, write_npy_manifest
 
 from vit_ct import ViTClassifier
 from vit_ct.cli import main
 
-TINY = {"embed_dim": 32, "depth": 2, "num_heads": 2, "img_size": 32, "in_chans": 1, "patch_loss_weight": 1.0}
+TINY = {**DEMO_LEVERS, "embed_dim": 32, "depth": 2, "num_heads": 2, "img_size": 32, "in_chans": 1}
 
 
 def _batch(seed: int = 0, size: int = 4) -> dict:
@@ -28,7 +29,7 @@ def _batch(seed: int = 0, size: int = 4) -> dict:
 
 def test_bf16_autocast_keeps_losses_and_metric_inputs_float32_and_close():
     torch.manual_seed(0)
-    model = ViTClassifier(**TINY, drop_path_rate=0.0).eval()
+    model = ViTClassifier(**{**TINY, "drop_path_rate": 0.0}).eval()
     batch = _batch()
     with torch.no_grad():
         loss32, logits32, _ = model.losses(batch)
@@ -45,8 +46,8 @@ def test_bf16_autocast_keeps_losses_and_metric_inputs_float32_and_close():
 
 def test_grad_checkpointing_gives_the_same_gradients():
     torch.manual_seed(0)
-    plain = ViTClassifier(**TINY, drop_path_rate=0.0)
-    checkpointed = ViTClassifier(**TINY, drop_path_rate=0.0, grad_checkpointing=True)
+    plain = ViTClassifier(**{**TINY, "drop_path_rate": 0.0})
+    checkpointed = ViTClassifier(**{**TINY, "drop_path_rate": 0.0}, grad_checkpointing=True)
     checkpointed.load_state_dict(plain.state_dict())
     assert checkpointed.vit.grad_checkpointing and not plain.vit.grad_checkpointing
     batch = _batch(1)

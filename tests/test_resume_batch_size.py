@@ -8,7 +8,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from conftest import quiet_trainer
+from conftest import DEMO_LEVERS, quiet_trainer
 from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import ModelCheckpoint
 from npy_manifest import write_npy_manifest
@@ -17,7 +17,7 @@ from vit_ct import CTSliceDataModule, ViTClassifier
 from vit_ct.data.loading.distributed import EpochShuffleSampler, ResumableDataLoader
 from vit_ct.run.checkpoint import BestAndLastCheckpoint, ResumeState
 
-TINY = {"embed_dim": 32, "depth": 2, "num_heads": 2, "img_size": 32, "in_chans": 1}
+TINY = {**DEMO_LEVERS, "embed_dim": 32, "depth": 2, "num_heads": 2, "img_size": 32, "in_chans": 1}
 TRAIN = 16  # slices of the training split
 
 

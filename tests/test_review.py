@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import quiet_trainer
+from conftest import DEMO_LEVERS, quiet_trainer
 from matplotlib.figure import Figure
 from PIL import Image
 
@@ -179,7 +179,7 @@ def test_localisation_scores_are_the_metric_per_slice():
 @pytest.fixture(scope="module")
 def tiny(synthetic_set):
     torch.manual_seed(0)
-    model = ViTClassifier(img_size=32, in_chans=2, embed_dim=32, depth=2, num_heads=2).eval()
+    model = ViTClassifier(**DEMO_LEVERS, img_size=32, in_chans=2, embed_dim=32, depth=2, num_heads=2).eval()
     data = review.review_datamodule(model, synthetic_set, split="test", batch_size=3, config=WINDOWS)
     table = review.run_review(model, data, progress=False)
     return model, data, table

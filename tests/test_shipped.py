@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import DEMO_LEVERS
 from npy_manifest import manifest_args, write_npy_manifest
 from safetensors.torch import load_file
 
@@ -49,7 +50,7 @@ def test_export_writes_half_precision_weights_and_a_card_with_the_input_and_the_
 
 
 def test_shipped_weights_load_by_name_into_the_network_their_card_names(exported):
-    model = ViTClassifier(pretrained="vit-ct/tiny").eval()  # the input and network the weights' card names
+    model = ViTClassifier(**DEMO_LEVERS, pretrained="vit-ct/tiny").eval()  # the card's input and network
     assert (model.hparams.img_size, model.hparams.in_chans) == (32, 1)
     assert (len(model.vit.blocks), model.vit.embed_dim) == (2, 32)
     assert model.input_contract == shipped.input_contract("vit-ct/tiny")
@@ -58,7 +59,7 @@ def test_shipped_weights_load_by_name_into_the_network_their_card_names(exported
     torch.testing.assert_close(model.vit.blocks[0].mlp.fc1.weight, state["blocks.0.mlp.fc1.weight"].float())
     resampled = r"built for 1 channel\(s\) at 64 x 64, their position embeddings are resampled from 32 x 32"
     with pytest.warns(UserWarning, match=resampled):
-        resized = ViTClassifier(img_size=64, pretrained="vit-ct/tiny")  # another size than the weights': said
+        resized = ViTClassifier(**DEMO_LEVERS, img_size=64, pretrained="vit-ct/tiny")  # another size: said
     assert resized.input_contract != shipped.input_contract("vit-ct/tiny") and resized.input_contract.windows is None
     with pytest.raises(
         ValueError, match=r"vit-ct/nothing: no such weights ship with vit-ct; there are \['vit-ct/tiny'\]"

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import torch
 import yaml
-from conftest import load_benchmark
+from conftest import DEMO_LEVERS, load_benchmark
 from sklearn.metrics import roc_auc_score
 
 from vit_ct.model import ViTClassifier
@@ -108,7 +108,7 @@ def test_statistics_floor_finds_a_global_brightness_difference(sd):
 @pytest.mark.slow
 def test_tiny_run_trains_every_kind_of_row_and_writes_its_table(sd, tmp_path):
     torch.manual_seed(0)
-    vit = ViTClassifier(arch="vit_tiny_patch16_224", stem="conv", depth=6, img_size=128, in_chans=2).vit
+    vit = ViTClassifier(**DEMO_LEVERS, stem="conv", depth=6, img_size=128, in_chans=2).vit
     pretrained = tmp_path / "pretrained.pth"
     torch.save(vit.state_dict(), pretrained)  # a timm state dict of the pretraining architecture
     out = tmp_path / "table.md"

@@ -9,13 +9,14 @@ import warnings
 import pytest
 import timm
 import torch
+from conftest import DEMO_LEVERS
 from npy_manifest import manifest_args, write_npy_manifest
 from timm.models import adapt_input_conv
 
 from vit_ct.cli import main
 from vit_ct.model import ViTClassifier
 
-TINY = {"img_size": 32, "in_chans": 1, "embed_dim": 32, "depth": 2, "num_heads": 2}
+TINY = {**DEMO_LEVERS, "img_size": 32, "in_chans": 1, "embed_dim": 32, "depth": 2, "num_heads": 2}
 SHIPPED = "vit-ct/headct-tiny-256"  # ViT-Ti/16 (192 wide), 6 blocks, conv stem, 256 x 256, two windows
 
 
@@ -88,7 +89,7 @@ def test_the_command_builds_the_stem_a_timm_file_holds(timm_file, tmp_path):
 
 def test_architecture_arguments_the_shipped_weights_overrule_are_named():
     with pytest.warns(UserWarning) as caught:
-        model = ViTClassifier(pretrained=SHIPPED, img_size=256, depth=12, embed_dim=384, stem="patch")
+        model = ViTClassifier(pretrained=SHIPPED, img_size=256, in_chans=2, depth=12, embed_dim=384, stem="patch")
     assert [str(w.message) for w in caught] == [
         f"--model.pretrained {SHIPPED} has its own architecture, which the network takes so that the weights fit:"
         " stem conv (stem='patch' was given); embed_dim 192 (embed_dim=384 was given); depth 6 (depth=12 was given)"
@@ -96,4 +97,4 @@ def test_architecture_arguments_the_shipped_weights_overrule_are_named():
     assert (len(model.vit.blocks), model.vit.embed_dim, model.hparams.stem) == (6, 192, "conv")
     with warnings.catch_warnings():  # the arguments the weights agree with, or left at their defaults: no word
         warnings.simplefilter("error")
-        ViTClassifier(pretrained=SHIPPED, img_size=256, depth=6, stem="conv")
+        ViTClassifier(pretrained=SHIPPED, img_size=256, in_chans=2, depth=6, stem="conv")

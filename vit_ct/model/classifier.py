@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from functools import partial
+from pathlib import Path
 from typing import Literal
 
 import lightning as L
@@ -23,7 +24,7 @@ from vit_ct.explain.attention import record_attention
 from vit_ct.explain.maps import Explained, explain_forward
 from vit_ct.metrics.classification import classification_metrics
 from vit_ct.metrics.map_scores import MapMetrics
-from vit_ct.model.hparams import check_hparams, predated_hparams
+from vit_ct.model.hparams import check_hparams, predated_hparams, unstored_hparams
 from vit_ct.model.inference import Inference, infer
 from vit_ct.model.losses import Losses, PatchLosses, classification_loss
 from vit_ct.model.network import AirSkippingViT
@@ -39,18 +40,21 @@ STAGES = ("val", "test")
 class ViTClassifier(L.LightningModule):
     """Slice classifier: P(lesion) for two classes, class probabilities, or per-label probabilities.
 
+    The defaults are a plain ViT as timm builds ``arch``, with the classification loss alone; the recipes live in
+    ``configs/``. The arguments come by concern: the network, the losses, optimisation, the maps, the start weights.
+
     Args:
         arch: timm ViT architecture the network starts from; the arguments below override its defaults.
-        img_size: Side of the square model input in pixels (a multiple of ``patch_size``). None: the start
-            weights' own (``weights`` holding a vit-ct checkpoint, shipped ``pretrained`` weights), else the data
-            module's default, 192. A value other than the weights' resamples their position embeddings, said in one
-            warning.
+        img_size: Side of the square model input in pixels (a multiple of ``patch_size``; linked to the data in the
+            CLI). None: the start weights' own (``weights`` holding a vit-ct checkpoint, shipped ``pretrained``
+            weights), else the data modules' default, 192. A value other than the weights' resamples their position
+            embeddings, said in one warning.
         patch_size: Side of a patch in pixels.
+        in_chans: Input channels, one per HU window (linked to the data's windows in the CLI). None: the start
+            weights' own, else 2, the data modules' default windows (brain, subdural).
         stem: ``patch``: timm's linear patch embedding; ``conv``: a convolutional stem with the same token grid,
             which trains much better from scratch on small data (arXiv:2106.14881). None: the stem the start weights
             (``weights``, ``pretrained``) hold, so that they load whole; ``conv`` without start weights.
-        in_chans: Input channels (one per HU window; linked to the data in the CLI). None: the start weights' own,
-            else 2, the data module's default windows (brain, subdural).
         num_classes: Classes (label 0 = no lesion) or, with ``multilabel``, labels. None: one per name in
             ``class_names`` for multi-label (the CLI links both from ``data.label_columns``), else 2.
         class_names: Names of the classes or labels, for prediction columns (``prob_<name>``).
@@ -90,13 +94,15 @@ class ViTClassifier(L.LightningModule):
             prefix tokens.
         warmup_epochs: Linear warm-up length of the default cosine schedule, in epochs (fractions allowed).
         layer_decay: Layer-wise learning-rate decay (e.g. 0.75) for fine-tuning; None: the same rate everywhere.
+        grad_checkpointing: Recompute block activations in the backward pass (less memory, ~30% slower); not while
+            the attention loss is on (``attention_loss_weight`` > 0), whose attention must stay in the graph.
+        optimizer: Replaces the default AdamW; receives the parameter groups.
+        scheduler: Replaces the default per-step warm-up + cosine schedule.
         rollout_head_fusion: How attention rollout fuses the heads of a block (``mean``, ``max``, ``min``).
         rollout_discard_ratio: Share of the lowest attention weights rollout discards per block.
         localisation_tolerance_mm: Pointing-game tolerance of the validation and test localisation metrics, in mm
             on each slice's own pixel spacing (from the file, else the manifest's ``pixel_spacing_mm``); in pixels of
             the source slice for a slice without one, said in one warning.
-        grad_checkpointing: Recompute block activations in the backward pass (less memory, ~30% slower); not while
-            the attention loss is on (``attention_loss_weight`` > 0), whose attention must stay in the graph.
         weights: Initial weights: a vit-ct checkpoint (the network takes its architecture and, where ``img_size``
             and ``in_chans`` are None, its input, as with ``pretrained``) or a timm state-dict file. Channels,
             position grid and differently sized heads are adapted. Only the network is loaded, not the trainer state.
@@ -105,31 +111,31 @@ class ViTClassifier(L.LightningModule):
             ``patch_size``, ``stem``, ``embed_dim``, ``depth`` or ``num_heads`` given otherwise gives way, with a
             warning naming it) and their weights (a timm tag's loaded by timm through the Hugging Face hub and its
             local cache, shipped ones from the package), adapted as for ``weights``.
-        optimizer: Replaces the default AdamW; receives the parameter groups.
-        scheduler: Replaces the default per-step warm-up + cosine schedule.
     """
 
     def __init__(
         self,
         *,
+        # the network
         arch: str = "vit_tiny_patch16_224",
         img_size: int | None = None,
         patch_size: int = 16,
-        stem: Literal["patch", "conv"] | None = None,
         in_chans: int | None = None,
+        stem: Literal["patch", "conv"] | None = None,
         num_classes: int | None = None,
         class_names: list[str] | None = None,
         multilabel: bool = False,
         embed_dim: int | None = None,
-        depth: int | None = 6,
+        depth: int | None = None,
         num_heads: int | None = None,
         reg_tokens: int = 0,
         mask_air: bool = True,
         drop_rate: float = 0.0,
         attn_drop_rate: float = 0.0,
-        drop_path_rate: float = 0.1,
-        patch_loss_weight: float = 1.0,
-        attention_loss_weight: float = 1.0,
+        drop_path_rate: float = 0.0,
+        # the losses beside classification
+        patch_loss_weight: float = 0.0,
+        attention_loss_weight: float = 0.0,
         attention_target: Literal["rollout", "class_token"] = "rollout",
         mil_loss_weight: float = 0.0,
         mil_sharpness: float = 5.0,
@@ -137,18 +143,21 @@ class ViTClassifier(L.LightningModule):
         class_weights: list[float] | None = None,
         label_smoothing: float = 0.0,
         label_weights: list[float] | None = None,
+        # optimisation
         lr: float = 5e-4,
         weight_decay: float = 0.05,
         warmup_epochs: float = 1.0,
         layer_decay: float | None = None,
+        grad_checkpointing: bool = False,
+        optimizer: OptimizerCallable | None = None,
+        scheduler: LRSchedulerCallable | None = None,
+        # the maps
         rollout_head_fusion: Literal["mean", "max", "min"] = "mean",
         rollout_discard_ratio: float = 0.0,
         localisation_tolerance_mm: float = 5.0,
-        grad_checkpointing: bool = False,
+        # the start weights
         weights: str | None = None,
         pretrained: str | None = None,
-        optimizer: OptimizerCallable | None = None,
-        scheduler: LRSchedulerCallable | None = None,
     ) -> None:
         arguments = {name: value for name, value in locals().items() if name not in ("self", "__class__")}
         super().__init__()
@@ -250,9 +259,15 @@ class ViTClassifier(L.LightningModule):
 
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path, map_location=None, hparams_file=None, strict=None, **kwargs):
-        """Restore a vit-ct checkpoint; the file is read with ``weights_only=True``, so it cannot run code."""
+        """Restore a vit-ct checkpoint as its network was built, also where it does not store a hyper-parameter
+        (:func:`~vit_ct.model.hparams.unstored_hparams`); the file is read with ``weights_only=True``, so it cannot
+        run code."""
         if kwargs.pop("weights_only", True) is not True:
             raise ValueError(f"vit-ct loads checkpoints with weights_only=True only (not {checkpoint_path})")
+        if isinstance(checkpoint_path, (str, Path)) and Path(checkpoint_path).is_file() and hparams_file is None:
+            # memory-mapped: the hyper-parameters are read, the tensors only by Lightning's load below
+            checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=True, mmap=True)
+            kwargs = {**unstored_hparams(checkpoint), **kwargs}
         kwargs.update(map_location=map_location, hparams_file=hparams_file, strict=strict, weights_only=True)
         return super().load_from_checkpoint(checkpoint_path, **kwargs)
 

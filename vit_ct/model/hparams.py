@@ -1,12 +1,17 @@
-"""The model's hyper-parameters: checked before anything is built, and put back as they were for checkpoints written
-before an option existed."""
+"""The model's hyper-parameters: which of them shape the network, checked before anything is built, and put back as
+they were for checkpoints that do not store one."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
-import timm
+# The hyper-parameters that shape the network, its input and outputs aside: what a network started from weights (a
+# vit-ct checkpoint's, shipped ones) takes from them, so that they fit.
+NETWORK = ("arch", "patch_size", "stem", "embed_dim", "depth", "num_heads", "reg_tokens", "mask_air")
+# With the input it is built for and its outputs: everything that builds the network, recorded in a shipped model's
+# card so that its weights load into the right one.
+ARCHITECTURE = (*NETWORK, "img_size", "in_chans", "num_classes")
 
 # Hyper-parameters that did not exist when older checkpoints were written, with the value those were trained with
 # (vit-ct's defaults have changed since).
@@ -17,6 +22,22 @@ def predated_hparams(saved: dict[str, Any]) -> dict[str, Any]:
     """The hyper-parameters a checkpoint's ``saved`` ones lack because they did not exist then, with the value it
     was trained with: e.g. a checkpoint from before ``mask_air`` was trained with every patch as a key."""
     return {name: value for name, value in BEFORE_THEY_EXISTED.items() if name not in saved}
+
+
+def unstored_hparams(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """The hyper-parameters a checkpoint does not store, with the value its network was built with: the options it
+    predates (:func:`predated_hparams`), and the input size and channels, which ``vit-ct fit`` did not store before the
+    hyper-parameters held every argument (they are links from the data): its input contract says them. Every other
+    argument has been stored since the first release, so a default changed since never reaches an older checkpoint."""
+    from vit_ct.data.contract import InputContract
+
+    saved = checkpoint.get("hyper_parameters") or {}
+    missing = predated_hparams(saved)
+    if "img_size" not in saved or "in_chans" not in saved:
+        contract = InputContract.from_checkpoint(checkpoint)
+        input_ = {"img_size": contract.img_size, "in_chans": contract.in_chans}
+        missing.update({name: value for name, value in input_.items() if name not in saved})
+    return missing
 
 
 def check_hparams(hparams: dict[str, Any]) -> None:
@@ -45,6 +66,8 @@ def check_hparams(hparams: dict[str, Any]) -> None:
             f"label_weights ({len(label_weights)} values) need multi-label data with as many labels; got"
             f" multilabel={multilabel}, num_classes={num_classes}"
         )
+    import timm  # here: `python -m vit_ct.model.shipped list` reads this module's lists without torch
+
     if not timm.is_model(arch) or not arch.startswith(("vit_", "deit")):
         raise ValueError(f"arch {arch!r} is not a timm Vision Transformer (e.g. vit_tiny_patch16_224)")
     if not (math.isfinite(lr) and lr > 0):  # lr 0 would train nothing without a word; a negative one ascends

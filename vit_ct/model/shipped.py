@@ -19,15 +19,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vit_ct.files import atomic_write
+from vit_ct.model.hparams import ARCHITECTURE
 
 if TYPE_CHECKING:  # imported where used: `python -m vit_ct.model.shipped list` reads JSON cards, without torch
     from vit_ct.data.transforms.contract import InputContract
 
 PREFIX = "vit-ct/"
 FOLDER = Path(__file__).with_name("pretrained")
-# The hyper-parameters that make the network, recorded in the card so that the weights load into the right one.
-ARCHITECTURE = ("arch", "img_size", "patch_size", "in_chans", "stem", "embed_dim", "depth", "num_heads", "reg_tokens",
-                "mask_air", "num_classes")  # fmt: skip
 
 
 def is_shipped(tag: str | None) -> bool:

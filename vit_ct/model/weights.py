@@ -16,6 +16,7 @@ from timm.layers import resample_abs_pos_embed
 from timm.models import VisionTransformer, adapt_input_conv
 
 from vit_ct.model import shipped
+from vit_ct.model.hparams import NETWORK
 
 # Keys of the classifier heads: re-initialised when their shape differs from the target's.
 _HEAD_PREFIXES = ("head.", "patch_head.")
@@ -163,8 +164,7 @@ def pretrained_architecture(tag: str) -> dict:
     architecture (its own width, depth and heads)."""
     check_pretrained_tag(tag)
     if shipped.is_shipped(tag):
-        names = ("arch", "patch_size", "stem", "embed_dim", "depth", "num_heads", "reg_tokens", "mask_air")
-        return {name: value for name, value in shipped.architecture(tag).items() if name in names}
+        return {name: value for name, value in shipped.architecture(tag).items() if name in NETWORK}
     return {"arch": tag.split(".")[0], "embed_dim": None, "depth": None, "num_heads": None}
 
 
@@ -176,8 +176,7 @@ def start_architecture(pretrained: str | None, checkpoint_hparams: dict[str, Any
         return pretrained_architecture(pretrained)
     if checkpoint_hparams is None:
         return {}
-    names = ("arch", "patch_size", "stem", "embed_dim", "depth", "num_heads", "reg_tokens", "mask_air")
-    return {name: checkpoint_hparams.get(name, False if name == "mask_air" else None) for name in names}
+    return {name: checkpoint_hparams.get(name, False if name == "mask_air" else None) for name in NETWORK}
 
 
 def built_architecture(vit: VisionTransformer, hparams: dict) -> dict[str, Any]:

@@ -15,10 +15,8 @@ from jsonargparse import Namespace
 
 from vit_ct.data.transforms.contract import describe_window
 from vit_ct.data.transforms.windows import parse_windows
+from vit_ct.model.hparams import NETWORK
 from vit_ct.model.weights_input import WeightsInput, weights_input
-
-# Hyper-parameters that shape the network: `fit --model.weights` builds it as the weights' checkpoint did.
-ARCHITECTURE = ("arch", "patch_size", "stem", "embed_dim", "depth", "num_heads", "reg_tokens", "mask_air")
 
 
 def weights_to_follow(config: Namespace) -> WeightsInput | None:
@@ -58,7 +56,7 @@ def follow_checkpoint(config: Namespace, *, command_line: Sequence[str] = ()) ->
                              f" weights; the config said {model.get(name)!r})")  # fmt: skip
                 model[name] = None
     if kind == "weights":
-        for name in ARCHITECTURE:
+        for name in NETWORK:  # start weights: the network is built as theirs was
             value = hparams.get(name, False if name == "mask_air" else None)  # before mask_air: every patch a key
             said = config.model.get(name)
             if said == value:
