@@ -10,21 +10,19 @@ from __future__ import annotations
 
 from dataclasses import replace
 from functools import partial
-from pathlib import Path
 from typing import Literal
 
-import lightning as L
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 
-from vit_ct.data.transforms.contract import CHECKPOINT_KEY as INPUT_CONTRACT
 from vit_ct.data.transforms.contract import InputContract
 from vit_ct.explain.attention import record_attention
 from vit_ct.explain.maps import Explained, explain_forward
 from vit_ct.metrics.classification import classification_metrics
 from vit_ct.metrics.map_scores import MapMetrics
-from vit_ct.model.hparams import check_hparams, predated_hparams, unstored_hparams
+from vit_ct.model.checkpointed import SeesAsCheckpointed
+from vit_ct.model.hparams import check_hparams, predated_hparams
 from vit_ct.model.inference import Inference, infer
 from vit_ct.model.losses import Losses, PatchLosses, classification_loss
 from vit_ct.model.network import AirSkippingViT
@@ -37,7 +35,7 @@ from vit_ct.model.weights_input import model_input, weights_input
 STAGES = ("val", "test")
 
 
-class ViTClassifier(L.LightningModule):
+class ViTClassifier(SeesAsCheckpointed):
     """Slice classifier: P(lesion) for two classes, class probabilities, or per-label probabilities.
 
     The defaults are a plain ViT as timm builds ``arch``, with the classification loss alone; the recipes live in
@@ -256,31 +254,6 @@ class ViTClassifier(L.LightningModule):
             {stage: MapMetrics(len(self.vit.blocks), tolerance_mm=h.localisation_tolerance_mm, stage=stage)
              for stage in STAGES}
         )  # fmt: skip
-
-    @classmethod
-    def load_from_checkpoint(cls, checkpoint_path, map_location=None, hparams_file=None, strict=None, **kwargs):
-        """Restore a vit-ct checkpoint as its network was built, also where it does not store a hyper-parameter
-        (:func:`~vit_ct.model.hparams.unstored_hparams`); the file is read with ``weights_only=True``, so it cannot
-        run code."""
-        if kwargs.pop("weights_only", True) is not True:
-            raise ValueError(f"vit-ct loads checkpoints with weights_only=True only (not {checkpoint_path})")
-        if isinstance(checkpoint_path, (str, Path)) and Path(checkpoint_path).is_file() and hparams_file is None:
-            # memory-mapped: the hyper-parameters are read, the tensors only by Lightning's load below
-            checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=True, mmap=True)
-            kwargs = {**unstored_hparams(checkpoint), **kwargs}
-        kwargs.update(map_location=map_location, hparams_file=hparams_file, strict=strict, weights_only=True)
-        return super().load_from_checkpoint(checkpoint_path, **kwargs)
-
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        """Records how the weights see their input (:class:`~vit_ct.data.transforms.contract.InputContract`): as the
-        trainer's data module prepares slices now, else as the checkpoint the model came from did."""
-        try:
-            datamodule = self.trainer.datamodule
-        except RuntimeError:  # saved through a strategy alone, without a trainer
-            datamodule = None
-        if hasattr(datamodule, "input_contract"):
-            self.input_contract = datamodule.input_contract(self.hparams.patch_size)
-        checkpoint[INPUT_CONTRACT] = self.input_contract.to_dict()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         """A checkpoint decides how its weights see the input and how they were trained: its input contract (input
