@@ -29,7 +29,7 @@ def unstored_hparams(checkpoint: dict[str, Any]) -> dict[str, Any]:
     predates (:func:`predated_hparams`), and the input size and channels, which ``vit-ct fit`` did not store before the
     hyper-parameters held every argument (they are links from the data): its input contract says them. Every other
     argument has been stored since the first release, so a default changed since never reaches an older checkpoint."""
-    from vit_ct.data.contract import InputContract
+    from vit_ct.data.transforms.contract import InputContract
 
     saved = checkpoint.get("hyper_parameters") or {}
     missing = predated_hparams(saved)
