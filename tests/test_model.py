@@ -19,11 +19,12 @@ TINY = {**DEMO_LEVERS, "img_size": 32, "in_chans": 1, "embed_dim": 32, "depth": 
 
 
 def test_default_is_a_plain_vit_as_timm_builds_its_arch():
-    model = ViTClassifier()
-    vit, plain = model.vit, timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=2)
+    model = ViTClassifier()  # seeing as the data modules' defaults do: 192 x 192, two windows
+    plain = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=2, img_size=192)
+    vit = model.vit
     shapes = {k: v.shape for k, v in vit.state_dict().items() if not k.startswith("patch_embed.")}
     assert shapes == {k: v.shape for k, v in plain.state_dict().items() if not k.startswith("patch_embed.")}
-    assert vit.patch_embed.grid_size == (14, 14) and vit.patch_embed.proj[0].in_channels == 3  # 224 x 224, 3 chans
+    assert vit.patch_embed.grid_size == (12, 12) and vit.patch_embed.proj[0].in_channels == 2
     assert len(vit.blocks) == 12 and vit.num_prefix_tokens == 1 and vit.cls_token is not None
     assert isinstance(vit.pos_embed, torch.nn.Parameter) and vit.pos_embed.requires_grad  # learnable
     assert vit.blocks[0].norm1 is not None  # pre-norm blocks

@@ -9,7 +9,7 @@ from matplotlib import colormaps
 from PIL import Image
 from skimage.segmentation import find_boundaries
 
-from vit_ct.data.transforms.windows import window_hu
+from vit_ct.data.transforms.windows import DISPLAY_WINDOW, window_hu
 from vit_ct.files import atomic_write
 
 CONTOUR_RGB = (0, 255, 0)
@@ -27,7 +27,7 @@ def render_overlay(
     heat: np.ndarray | None = None,
     mask: np.ndarray | None = None,
     *,
-    window: tuple[float, float] = (40.0, 80.0),
+    window: tuple[float, float] = DISPLAY_WINDOW,
     alpha: float = 0.5,
     cmap: str = "turbo",
 ) -> np.ndarray:

@@ -9,6 +9,7 @@ import nibabel as nib
 import numpy as np
 from matplotlib.figure import Figure
 
+from vit_ct.data.transforms.windows import DISPLAY_WINDOW
 from vit_ct.explain.overlay import render_overlay
 from vit_ct.files import atomic_write
 
@@ -39,7 +40,7 @@ def render_orthogonal_views(
     affine: np.ndarray,
     path: str | Path,
     *,
-    window: tuple[float, float] = (40.0, 80.0),
+    window: tuple[float, float] = DISPLAY_WINDOW,
     title: str = "",
 ) -> None:
     """Save a PNG of the three views of ``heat`` over ``ct`` (HU) through the voxel where ``heat`` peaks.

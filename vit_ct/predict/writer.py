@@ -20,6 +20,7 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 from vit_ct.data.io.reader import load_ct_slice, load_mask
 from vit_ct.data.manifests.manifest import manifest_frame
 from vit_ct.data.transforms.grid import to_source_grid
+from vit_ct.data.transforms.windows import DISPLAY_WINDOW
 from vit_ct.explain.overlay import render_overlay, save_png
 from vit_ct.files import atomic_write, remove_leftovers
 from vit_ct.metrics.lesion_probability import scan_column
@@ -143,7 +144,7 @@ class PredictionWriter(BasePredictionWriter):
         *,
         overwrite: bool = False,
         inputs: Iterable[str | Path] = (),
-        window: tuple[float, float] = (40.0, 80.0),
+        window: tuple[float, float] = DISPLAY_WINDOW,
     ) -> None:
         super().__init__(write_interval="batch")
         self.destination = Path(output_dir).resolve()  # a link to a folder: its target is replaced, the link kept

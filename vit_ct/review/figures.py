@@ -12,7 +12,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from vit_ct.data.loading.datamodule import CTSliceDataModule
-from vit_ct.data.transforms.windows import WINDOW_PRESETS, parse_windows
+from vit_ct.data.transforms.windows import DISPLAY_PRESET, WINDOW_PRESETS, parse_windows
 from vit_ct.explain.overlay import render_overlay
 from vit_ct.files import atomic_write
 from vit_ct.metrics.schema import PREDICTIONS, REVIEW
@@ -117,7 +117,7 @@ def plot_summary(table: pd.DataFrame, threshold: float = 0.5, n_bins: int = 10) 
 
 
 def plot_gallery(
-    table: pd.DataFrame, *, n: int = 4, threshold: float = 0.5, window="brain", alpha: float = 0.5
+    table: pd.DataFrame, *, n: int = 4, threshold: float = 0.5, window=DISPLAY_PRESET, alpha: float = 0.5
 ) -> Figure:
     """Two rows per group (TP, FP, FN, TN, unlabelled) that has cases, most confident first: the windowed slice with
     the lesion contour, then the rollout overlay; titles give P(lesion), the label and the case's localisation."""
@@ -141,7 +141,7 @@ def plot_overlays(
     maps: dict[str, np.ndarray],
     mask: np.ndarray | None = None,
     *,
-    window="brain",
+    window=DISPLAY_PRESET,
     alpha: float = 0.5,
     columns: int = 4,
     title: str | None = None,
@@ -158,18 +158,18 @@ def plot_overlays(
     return fig
 
 
-def plot_case(case: CaseMaps, *, window="brain", alpha: float = 0.5) -> Figure:
+def plot_case(case: CaseMaps, *, window=DISPLAY_PRESET, alpha: float = 0.5) -> Figure:
     """Rollout, gradient rollout and last-block attention of one case side by side."""
     return plot_overlays(case.hu, case.maps, case.mask, window=window, alpha=alpha, title=_caption(case.row))
 
 
-def plot_heads(case: CaseMaps, *, window="brain", alpha: float = 0.5) -> Figure:
+def plot_heads(case: CaseMaps, *, window=DISPLAY_PRESET, alpha: float = 0.5) -> Figure:
     """The class token's attention in the last block, one panel per head."""
     heads = {f"head {i}": heat for i, heat in enumerate(case.heads)}
     return plot_overlays(case.hu, heads, case.mask, window=window, alpha=alpha, title="last block, per head")
 
 
-def plot_blocks(case: CaseMaps, *, window="brain", alpha: float = 0.5) -> Figure:
+def plot_blocks(case: CaseMaps, *, window=DISPLAY_PRESET, alpha: float = 0.5) -> Figure:
     """The class token's attention in every block (heads fused), first block first; each panel's title gives the
     block's attention on the prefix tokens (class token, registers) and on air patches, heads averaged."""
     blocks = {
@@ -222,7 +222,7 @@ def browse(
     *,
     interactive: bool | None = None,
     threshold: float = 0.5,
-    window: str = "brain",
+    window: str = DISPLAY_PRESET,
     alpha: float = 0.5,
 ):
     """Browse the cases (slider, in :func:`review_order`), window preset, map method and opacity with ipywidgets;
@@ -242,7 +242,7 @@ def browse(
         title = f"{GROUPS.get(row['group'], row['group'])} {row['image']}\n{_caption(row)}"
         return plot_overlays(maps.hu, {method: maps.maps[method]}, maps.mask, window=window, alpha=alpha, title=title)
 
-    window = window if isinstance(window, str) and window in WINDOW_PRESETS else "brain"
+    window = window if isinstance(window, str) and window in WINDOW_PRESETS else DISPLAY_PRESET
     if not (interactive if interactive is not None else not is_headless()):
         return figure(0, window, METHODS[0], alpha)
     import ipywidgets as widgets

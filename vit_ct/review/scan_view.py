@@ -11,7 +11,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from vit_ct.data.transforms.windows import WINDOW_PRESETS
+from vit_ct.data.transforms.windows import DISPLAY_PRESET, WINDOW_PRESETS
 from vit_ct.explain.overlay import render_overlay
 from vit_ct.metrics.schema import PREDICTIONS, SCANS
 from vit_ct.review.figures import is_headless
@@ -29,7 +29,7 @@ def plot_scan(
     scan: str,
     position: int | None = None,
     *,
-    window: str = "brain",
+    window: str = DISPLAY_PRESET,
     alpha: float = 0.5,
     show_map: bool = True,
 ) -> Figure:
@@ -63,7 +63,7 @@ def scan_browser(
     verdicts: Verdicts | None = None,
     *,
     interactive: bool | None = None,
-    window: str = "brain",
+    window: str = DISPLAY_PRESET,
     alpha: float = 0.5,
 ):
     """Every scan of ``run``, most suspicious first: a slice slider (arrow keys step it), window preset, map on/off,

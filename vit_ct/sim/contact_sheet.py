@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from PIL import Image
 
 from vit_ct.data.io.reader import load_ct_slice, load_mask
-from vit_ct.data.transforms.windows import window_hu
+from vit_ct.data.transforms.windows import DISPLAY_WINDOW, window_hu
 from vit_ct.files import atomic_write
 
 
@@ -63,7 +63,7 @@ def contact_sheet(
     columns: int = 8,
     tile_inches: float = 1.6,
     dpi: int = 100,
-    window: tuple[float, float] = (40.0, 80.0),
+    window: tuple[float, float] = DISPLAY_WINDOW,
 ) -> Path:
     """Render `n` slices of the set of `manifest` into the PNG `out` (written atomically, 64-colour palette).
 

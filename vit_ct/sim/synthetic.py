@@ -23,6 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemaini
 
 from vit_ct.data.loading.datamodule import CTSliceDataModule
 from vit_ct.data.manifests.splits import SPLIT_FRACTIONS, SPLITS
+from vit_ct.data.transforms.windows import DISPLAY_WINDOW
 from vit_ct.progress import Progress
 from vit_ct.sim.anatomy import HEAD_HEIGHT_MM
 from vit_ct.sim.phantom import PhantomConfig, SimulatedSlice, sample_head, simulate_slices
@@ -294,7 +295,7 @@ def write_dicom(path: Path, simulated: SimulatedSlice, *, patient: str, uids: di
     ds.RescaleIntercept = RESCALE_INTERCEPT
     ds.RescaleSlope = 1
     ds.RescaleType = "HU"
-    ds.WindowCenter, ds.WindowWidth = 40, 80  # brain window
+    ds.WindowCenter, ds.WindowWidth = (int(v) for v in DISPLAY_WINDOW)  # what a viewer shows first
     ds.PixelData = stored_values(simulated).tobytes()
     ds.save_as(path, enforce_file_format=True)
 

@@ -19,6 +19,9 @@ WINDOW_PRESETS: dict[str, tuple[float, float]] = {
     "bone": (600, 2800),
     "stroke": (32, 8),
 }
+# How figures, overlays, DICOM headers and the review show a slice to a reader: the brain window.
+DISPLAY_PRESET = "brain"
+DISPLAY_WINDOW: tuple[float, float] = tuple(map(float, WINDOW_PRESETS[DISPLAY_PRESET]))
 AIR_HU = -1000.0  # air; also what DICOM pixel padding (outside the scan circle) and padding to square become
 
 
