@@ -9,7 +9,8 @@ import errno
 import hashlib
 import os
 import sqlite3
-from collections.abc import Iterator
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 # SQLite's primary result codes (the low byte of an extended code)
@@ -95,3 +96,28 @@ def remove_database(path: str | os.PathLike) -> None:
     """Delete an SQLite file and the journal files beside it."""
     for suffix in ("", "-journal", "-wal", "-shm"):
         Path(f"{path}{suffix}").unlink(missing_ok=True)
+
+
+def open_or_rebuild(
+    path: Path,
+    open_: Callable[[], None],
+    close: Callable[[], None],
+    rebuilt: str,
+    *,
+    what: str = "file",
+    stacklevel: int,
+) -> None:
+    """``open_()`` an SQLite file of derived data; where it holds other bytes (truncated, overwritten), warn ``{path}
+    is not a readable SQLite {what} ({error}): {rebuilt}``, delete it and open a new one: reading the files again gives
+    its contents back. Any other database error is raised."""
+    try:
+        open_()
+    except sqlite3.DatabaseError as e:
+        if not is_unreadable_database(e):
+            raise
+        warnings.warn(
+            f"{path} is not a readable SQLite {what} ({e}): {rebuilt}", UserWarning, stacklevel=stacklevel + 1
+        )
+        close()
+        remove_database(path)
+        open_()

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 
-from vit_ct.data.cache.cache_folder import is_unreadable_database, remove_database, storage_errors
+from vit_ct.data.cache.cache_folder import open_or_rebuild, storage_errors
 from vit_ct.data.cache.check_record import FileStat
 
 CACHE_VERSION = 3  # bump when what a slot holds changes (resizing, padding, dtype, checksum): old slots are rebuilt
@@ -76,20 +75,8 @@ class SlotIndex:
         self._db: sqlite3.Connection | None = None
         self._pid = os.getpid()
         with storage_errors(self.path.parent):
-            try:
-                self._open()
-            except sqlite3.DatabaseError as e:
-                if not is_unreadable_database(e):
-                    raise
-                warnings.warn(
-                    f"{self.path} is not a readable SQLite index ({e}): the cache in {self.path.parent} is rebuilt"
-                    " from the source files",
-                    UserWarning,
-                    stacklevel=3,
-                )
-                self.close()
-                remove_database(self.path)
-                self._open()
+            rebuilt = f"the cache in {self.path.parent} is rebuilt from the source files"
+            open_or_rebuild(self.path, self._open, self.close, rebuilt, what="index", stacklevel=3)
 
     def _connect(self) -> sqlite3.Connection:
         if self._db is None or self._pid != os.getpid():  # a connection must not cross a fork (DataLoader workers)

@@ -10,12 +10,11 @@ import math
 import os
 import sqlite3
 import stat
-import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
 
-from vit_ct.data.cache.cache_folder import is_unreadable_database, remove_database, storage_errors
+from vit_ct.data.cache.cache_folder import open_or_rebuild, storage_errors
 
 RECORD_VERSION = 1  # bump when what the check accepts changes, so that older verdicts are not trusted
 _NO_FRAME = -1  # `frame=None` (a single-slice file) as stored
@@ -101,21 +100,8 @@ class CheckRecord:
         try:
             with storage_errors(self.path.parent):
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                try:
-                    self._open()
-                except sqlite3.DatabaseError as e:
-                    if not is_unreadable_database(e):
-                        raise
-                    # Derived data only: reading the files again gives it back.
-                    warnings.warn(
-                        f"{self.path} is not a readable SQLite file ({e}): it is rebuilt, so every file of the"
-                        " manifest is read again",
-                        UserWarning,
-                        stacklevel=2,
-                    )
-                    self.close()
-                    remove_database(self.path)
-                    self._open()
+                rebuilt = "it is rebuilt, so every file of the manifest is read again"
+                open_or_rebuild(self.path, self._open, self.close, rebuilt, stacklevel=2)
         except (OSError, sqlite3.Error) as e:
             raise ValueError(
                 f"cannot keep the check record {self.path} ({type(e).__name__}: {e}); choose a writable folder with"
