@@ -86,14 +86,16 @@ def calibration_section(rows: pd.DataFrame, val: pd.DataFrame, slice_metrics: di
         temperature = fit_temperature(val[P_LESION].to_numpy(float), val[POSITIVE].to_numpy(bool))
     except ValueError as err:  # a model no temperature helps: said in the report, which goes on
         return section | {"temperature": None, "temperature_note": str(err)}
-    scaled = rows.assign(**{P_LESION: scale(prob, temperature)})
-    after, _ = level_figures(scaled, calibration=True, resamples=resamples, seed=seed)
+    scaled = scale(prob, temperature)
+    bootstrap = patient_bootstrap(rows[PATIENT], resamples=resamples, seed=seed)
+    counts = {"ece": len(rows), "brier": len(rows)}
+    after, _ = estimate(lambda chosen: calibration_scores(scaled[chosen], label[chosen]), bootstrap, counts)
     section |= {
         "temperature": temperature,
         "fitted_on": len(val),
         "ece_after": after["ece"],
         "brier_after": after["brier"],
-        "reliability_after": reliability(scaled[P_LESION].to_numpy(), label),
+        "reliability_after": reliability(scaled, label),
     }
     return section
 
