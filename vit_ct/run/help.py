@@ -29,7 +29,7 @@ SUBCOMMANDS = {
     "you to fill in; --dataset NAME ROOT turns a public head-CT set (CQ500, CT-ICH, INSTANCE, BHSD, RSNA) into a "
     "labelled one.",
     "report": "Write report.html and report.json from a predict output and its labelled manifest: AUROC, sensitivity "
-    "and specificity per slice and scan, calibration, map scores and subgroups, each with a 95% interval over "
+    "and specificity per slice and scan, calibration, map scores and subgroups, each with a bootstrap interval over "
     "patients; --compare NAME=PATH puts another model's predictions beside it.",
 }
 CONFIG_HELP = (
@@ -46,7 +46,7 @@ examples:
   vit-ct predict --config configs/finetune.yaml --ckpt_path CKPT --data.manifest new.csv --output_dir out
   vit-ct manifest DICOM_DIR --output archive.csv
   vit-ct manifest --dataset cq500 CQ500/ --output cq500.csv  a public set, labelled, by name
-  vit-ct report out --manifest new.csv --output_dir report  figures with intervals from predict's output
+  vit-ct report out --manifest my.csv                        predict's output with labels: out/report/report.html
   vit-ct fit --help                                          every option of fit"""
 HELP_FLAGS = ("-h", "--help")
 CONFIG_FLAGS = ("-c", "--config")
