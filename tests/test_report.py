@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 import subprocess
 import sys
@@ -14,6 +15,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import TINY_MODEL_ARGS, load_benchmark, tiny_data_args
+from npy_manifest import DEMO
 from PIL import Image
 from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
 from torchmetrics.classification import BinaryCalibrationError
@@ -156,6 +159,15 @@ def test_report_help_answers_without_torch():
     assert "--manifest" in run.stdout and run.stdout.strip().endswith("[]")
 
 
+def vit_ct_command(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """The installed ``vit-ct`` (this checkout's code where PYTHONPATH names it), which must succeed."""
+    env = {**os.environ, "WANDB_MODE": "offline"}
+    command = [str(Path(sys.executable).with_name("vit-ct")), *args]
+    result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    return result
+
+
 def fake_predict_output(folder: Path, *, patients: int = 16, slices: int = 4, seed: int = 0) -> tuple[Path, Path]:
     """A predict output as ``vit-ct predict`` writes it (``predictions.csv``, ``run.json``, ``maps/``, ``overlays/``)
     of made-up P(lesion) and map scores, and its labelled manifest: ``.npy`` slices and masks, 4 validation patients
@@ -296,3 +308,37 @@ def test_bad_input_is_named(tmp_path, capsys, damage, expected):
     assert exit_info.value.code == 2
     assert re.search(expected, capsys.readouterr().err)
     assert not (tmp_path / "r").exists()
+
+
+def test_the_benchmark_times_a_report_and_writes_its_record(tmp_path):
+    out, manifest = fake_predict_output(tmp_path, patients=8)
+    report_time = load_benchmark("report_time")
+    figures = report_time.main([str(out), "--manifest", str(manifest), "--repeats", "1", "--bootstrap", "20",
+                                "--summary", str(tmp_path / "none.json")], records=tmp_path / "records")  # fmt: skip
+    record = json.loads((tmp_path / "records" / "report_time.json").read_text())
+    assert record["figures"] == figures and figures["slices"] == 4 * 4  # patients 4..7: the test split
+    assert 0 < figures["report_min_s"] < 600 and figures["test_auroc_logged"] is None
+
+
+@pytest.mark.slow
+def test_fit_predict_report_through_the_real_command(synthetic_set, tmp_path):
+    """The demo's recipe, tiny: fit, predict the test split, then the report of that output through the installed
+    command; its AUROC is what `vit-ct test` logged for the same slices, with the figures of a DICOM set."""
+    common = ["--config", DEMO, *tiny_data_args(synthetic_set), *TINY_MODEL_ARGS, "--trainer.precision", "32-true"]
+    vit_ct_command("fit", *common, "--trainer.max_epochs", "1", cwd=tmp_path)
+    summary = json.loads((tmp_path / "runs" / "latest" / "summary.json").read_text())
+    out = tmp_path / "out"
+    vit_ct_command("predict", *common, "--ckpt_path", summary["best_checkpoint"], "--data.init_args.predict_split",
+                   "test", "--output_dir", str(out), cwd=tmp_path)  # fmt: skip
+    run = vit_ct_command("report", str(out), "--manifest", str(synthetic_set), "--bootstrap", "100", cwd=tmp_path)
+    assert "report written" in run.stdout
+    record = json.loads((out / "report" / "report.json").read_text())
+    predictions = pd.read_csv(out / "predictions.csv")
+    assert record["rows"]["slices"] == len(predictions) and record["rows"]["split"] == "test"
+    if predictions["label"].nunique() == 2:
+        assert record["slice"]["auroc"]["value"] == pytest.approx(summary["metrics"]["test/auroc"], abs=1e-4)
+    assert record["maps"]["rollout"]["pointing"]["n"] == int(predictions["rollout_pointing"].notna().sum())
+    # the synthetic DICOM headers: one manufacturer, the kernels the simulator drew; bleed_type from the manifest
+    assert set(record["subgroups"]["manufacturer"]) == {"vit-ct synthetic phantom"}
+    assert "bleed_type" in record["subgroups"] and "kvp" in record["subgroups"]
+    assert (out / "report" / "report.html").stat().st_size > 10_000
