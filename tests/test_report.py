@@ -148,6 +148,20 @@ def test_a_small_subgroup_shows_its_count_and_no_verdict():
     assert entry == {"n": 10, "positives": 4, "patients": 10, "verdict": None}
 
 
+def test_a_subgroups_verdict_compares_its_interval_with_the_overall_figure():
+    rng = np.random.default_rng(0)
+    table = pd.DataFrame({"p_lesion": rng.random(40), "positive": np.arange(40) % 2 == 1,
+                          "patient": np.repeat([f"p{i}" for i in range(20)], 2)})  # fmt: skip
+    figures = lambda auroc: {"auroc": {"value": auroc, "ci95": None, "n": 400}}  # noqa: E731
+    entry = subgroup(table, figures(0.99), resamples=200, seed=0)  # chance here, 0.99 overall
+    assert entry["n"] == 40 and entry["auroc"]["ci95"][1] < 0.99 and entry["verdict"] == "lower"
+    assert subgroup(table, figures(entry["auroc"]["value"]), resamples=200, seed=0)["verdict"] == "no difference shown"
+    negatives = table[~table["positive"]].head(20)  # no positive: judged by its specificity
+    overall = {"specificity": {"value": 0.9, "ci95": None, "n": 400}}
+    judged = subgroup(negatives, overall, resamples=200, seed=0)
+    assert judged["specificity"]["ci95"][1] < 0.9 and judged["verdict"] == "lower"
+
+
 def test_help_states_the_bootstraps_defaults():
     assert (report_command.RESAMPLES, report_command.SEED) == (bootstrap_module.RESAMPLES, bootstrap_module.SEED)
 

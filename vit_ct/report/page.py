@@ -51,7 +51,7 @@ DEFINITIONS = {
     "perfect_patch: the mask pooled to the patch grid, the ceiling",
     "subgroups": f"slices of one level of a manifest column, DICOM header field or lesion-area quartile; under "
     f"{MIN_CASES} slices only the count; verdict: lower / higher when the level's AUROC interval (sensitivity where it "
-    "has no negatives) excludes the overall value",
+    "has no negatives, specificity where it has no positives) excludes the overall value",
 }
 
 

@@ -87,7 +87,7 @@ def subgroup_statistic(table: pd.DataFrame):
 def subgroup(table: pd.DataFrame, overall: dict[str, Metric], *, resamples: int, seed: int) -> dict:
     """One level's entry: its counts, and (from 20 slices) its figures with intervals and a verdict against the
     overall figure: ``lower`` or ``higher`` when the level's 95% interval of AUROC (sensitivity where it has no
-    negatives) excludes the overall value, else ``no difference shown``."""
+    negatives, specificity where it has no positives) excludes the overall value, else ``no difference shown``."""
     positives = int(table[POSITIVE].sum())
     entry: dict = {"n": len(table), "positives": positives, "patients": int(table[PATIENT].nunique())}
     if len(table) < MIN_CASES:
@@ -99,7 +99,7 @@ def subgroup(table: pd.DataFrame, overall: dict[str, Metric], *, resamples: int,
     bootstrap = patient_bootstrap(table[PATIENT], resamples=resamples, seed=seed)
     metrics, _ = estimate(subgroup_statistic(table), bootstrap, counts)
     entry |= metrics
-    basis = "auroc" if metrics["auroc"]["value"] is not None else "sensitivity"
+    basis = next(k for k in ("auroc", "sensitivity", "specificity") if metrics[k]["value"] is not None)
     entry["verdict"] = _verdict(metrics[basis], overall.get(basis))
     return entry
 
