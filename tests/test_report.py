@@ -356,3 +356,22 @@ def test_fit_predict_report_through_the_real_command(synthetic_set, tmp_path):
     assert set(record["subgroups"]["manufacturer"]) == {"vit-ct synthetic phantom"}
     assert "bleed_type" in record["subgroups"] and "kvp" in record["subgroups"]
     assert (out / "report" / "report.html").stat().st_size > 10_000
+
+
+def test_scan_labels_alone_give_the_scan_figures(tmp_path):
+    """A manifest labelled by scan (``scan_label``, no slice labels): slices of lesion-free scans are negatives, those
+    of scans with a lesion unknown; the scans are reported against their scan labels."""
+    out, manifest = fake_predict_output(tmp_path)
+    table = pd.read_csv(manifest)
+    table["scan_label"] = table.groupby("patient_id")["label"].transform("max")
+    table.drop(columns="label").to_csv(manifest, index=False)
+    report = tmp_path / "report"
+    main(["report", str(out), "--manifest", str(manifest), "--output_dir", str(report), "--bootstrap", "50"])
+    record = json.loads((report / "report.json").read_text())
+    predictions = pd.read_csv(out / "predictions.csv")
+    test = predictions[predictions["image"].str[1:3].astype(int) >= 4]
+    scans = test.groupby("scan").agg(prob=("prob", "max"), label=("label", "max"))
+    assert record["scan"]["auroc"]["value"] == pytest.approx(roc_auc_score(scans["label"], scans["prob"]), abs=1e-6)
+    assert record["rows"]["scans"] == len(scans)
+    negatives = test[test["scan"].isin(scans.index[scans["label"] == 0])]
+    assert record["rows"]["slices"] == len(negatives) and record["slice"]["specificity"]["n"] == len(negatives)

@@ -13,7 +13,17 @@ import pandas as pd
 from vit_ct.report.bootstrap import estimate, patient_bootstrap, percentile_interval
 from vit_ct.report.calibration import BINS, calibration_scores, fit_temperature, reliability, scale
 from vit_ct.report.detection import detection_counts, detection_scores
-from vit_ct.report.inputs import OVERLAY_PATH, P_LESION, PATIENT, POSITIVE, SPLIT, ModelPredictions, join, scan_table
+from vit_ct.report.inputs import (
+    OVERLAY_PATH,
+    P_LESION,
+    PATIENT,
+    POSITIVE,
+    SCAN_POSITIVE,
+    SPLIT,
+    ModelPredictions,
+    join,
+    scan_table,
+)
 from vit_ct.report.map_quality import lesion_areas, map_scores, pointing_by_size
 from vit_ct.report.subgroups import dicom_fields, subgroups
 
@@ -30,23 +40,31 @@ class ModelEvidence:
     curves: dict = field(default_factory=dict)  # level -> {"roc": (tpr, lo, hi), "pr": (precision, lo, hi)}
 
 
-def report_rows(slices: pd.DataFrame, split: str | None) -> tuple[pd.DataFrame, str]:
-    """The labelled slices the figures are computed on: ``split`` (``all``: every one); None: the test split where the
-    manifest marks test slices among the predictions, else every one. Also the rows' description."""
-    labelled = slices[slices[POSITIVE].notna()]
-    if labelled.empty:
+def split_rows(slices: pd.DataFrame, split: str | None) -> tuple[pd.DataFrame, str]:
+    """The predicted slices of ``split`` (``all``: every one); None: the test split where the manifest marks test
+    slices among the predictions, else every one. Also the split's name.
+
+    Raises:
+        ValueError: no slice of the split has a label, a slice label or a scan label (naming both files).
+    """
+    known = slices[POSITIVE].notna() | slices[SCAN_POSITIVE].notna()
+    if not known.any():
         raise ValueError(f"none of the {len(slices)} predicted slices of {slices.attrs['predictions']} has a label in"
                          f" manifest {slices.attrs['manifest']}; the report needs labels")  # fmt: skip
-    splits = labelled[SPLIT]
     if split is None:
-        split = "test" if splits.eq("test").any() else "all"
-    chosen = labelled if split == "all" else labelled[splits == split]
-    if chosen.empty:
+        split = "test" if slices.loc[known, SPLIT].eq("test").any() else "all"
+    chosen = slices if split == "all" else slices[slices[SPLIT] == split]
+    if not known[chosen.index].any():
+        found = sorted(set(slices.loc[known, SPLIT].dropna()))
         raise ValueError(f"no labelled predicted slice is in the {split} split of manifest {slices.attrs['manifest']}"
-                         f" (splits among the predictions: {sorted(set(splits.dropna()))})")  # fmt: skip
-    chosen = chosen.assign(**{POSITIVE: chosen[POSITIVE].astype(bool)})
-    chosen.attrs = slices.attrs
+                         f" (splits of the labelled predictions: {found})")  # fmt: skip
     return chosen, split
+
+
+def labelled(slices: pd.DataFrame) -> pd.DataFrame:
+    """The slices with a slice label, ``positive`` as bool."""
+    chosen = slices[slices[POSITIVE].notna()]
+    return chosen.assign(**{POSITIVE: chosen[POSITIVE].astype(bool)})
 
 
 def case_statistic(prob: np.ndarray, label: np.ndarray, *, calibration: bool):
@@ -118,34 +136,35 @@ def model_evidence(
 ) -> ModelEvidence:
     """Every section of one model's report (see :class:`ModelEvidence`)."""
     slices = join(predictions, manifest)
-    rows, split = report_rows(slices, split)
-    rows = lesion_areas(dicom_fields(rows))
-    slice_metrics, slice_curves = level_figures(rows, calibration=True, resamples=resamples, seed=seed)
-    val = slices[(slices[SPLIT] == "val") & slices[POSITIVE].notna()] if split != "val" else slices.iloc[:0]
-    val = val.assign(**{POSITIVE: val[POSITIVE].astype(bool)})
-    calibration = calibration_section(rows, val, slice_metrics, resamples=resamples, seed=seed)
-    curves = {"slice": slice_curves}
-    scans, scan_metrics = scan_table(rows), {}
+    in_split, split = split_rows(slices, split)
+    rows = labelled(lesion_areas(dicom_fields(in_split)))
+    curves, slice_metrics, calibration, maps, groups, worst = {}, {}, {}, {}, {}, {}
+    if len(rows):  # slice labels (a manifest of scan labels alone has them only for lesion-free scans)
+        slice_metrics, curves["slice"] = level_figures(rows, calibration=True, resamples=resamples, seed=seed)
+        val = labelled(slices[slices[SPLIT] == "val"]) if split != "val" else rows.iloc[:0]
+        calibration = calibration_section(rows, val, slice_metrics, resamples=resamples, seed=seed)
+        maps = map_scores(rows, resamples=resamples, seed=seed)
+        if maps:
+            maps["pointing_by_lesion_size"] = pointing_by_size(rows, resamples=resamples, seed=seed)
+        groups, worst = subgroups(rows, slice_metrics, resamples=resamples, seed=seed), worst_cases(rows)
+    scans, scan_metrics = scan_table(in_split), {}
     if scans is not None:
-        scans = scans[scans[POSITIVE].notna()].assign(**{POSITIVE: lambda t: t[POSITIVE].astype(bool)})
+        scans = labelled(scans)
         scan_metrics, curves["scan"] = level_figures(scans, calibration=False, resamples=resamples, seed=seed)
-    maps = map_scores(rows, resamples=resamples, seed=seed)
-    if maps:
-        maps["pointing_by_lesion_size"] = pointing_by_size(rows, resamples=resamples, seed=seed)
     sections = {
         "slice": slice_metrics,
         "scan": scan_metrics,
         "maps": maps,
         "calibration": calibration,
-        "subgroups": subgroups(rows, slice_metrics, resamples=resamples, seed=seed),
-        "worst_cases": worst_cases(rows),
+        "subgroups": groups,
+        "worst_cases": worst,
         "rows": {
             "predictions": slices.attrs["predictions"],
             "split": split,
             "slices": len(rows),
             "positive_slices": int(rows[POSITIVE].sum()),
             "scans": 0 if scans is None else len(scans),
-            "patients": int(rows[PATIENT].nunique()),
+            "patients": int(in_split[PATIENT].nunique()),
         },  # fmt: skip
     }
     return ModelEvidence(predictions.name, sections, curves)

@@ -25,6 +25,7 @@ MANIFEST_COLUMNS = {"image", "label", "patient_id", "scan", "split", "mask", "sl
 MAX_LEVELS = 12  # a manifest column with 2..12 distinct values (fewer than its rows) is a subgroup column
 # The joined table: P(lesion), truth, where each slice belongs, its files
 P_LESION, POSITIVE, PATIENT, SCAN, SPLIT = "p_lesion", "positive", "patient", "scan", "split"
+SCAN_POSITIVE = "scan_positive"
 IMAGE_PATH, MASK_PATH, OVERLAY_PATH, SPACING = "image_path", "mask_path", "overlay_path", "pixel_spacing_mm"
 
 
@@ -115,7 +116,7 @@ def join(predictions: ModelPredictions, manifest: pd.DataFrame) -> pd.DataFrame:
     ``image``, ``p_lesion``, ``positive`` (bool, <NA> unlabelled), ``patient`` (``patient_id``, else the scan, else the
     image: a row is its own patient), ``scan`` (None without a scan or patient), ``split``, ``image_path``,
     ``mask_path``, ``overlay_path``, ``pixel_spacing_mm``, the map score columns of the predictions and the manifest's
-    subgroup columns (``attrs["subgroups"]``); ``attrs["scan_positive"]``: the scan labels where the manifest has them.
+    subgroup columns (``attrs["subgroups"]``), and ``scan_positive``: the slice's scan label (<NA> without one).
 
     Raises:
         ValueError: a predicted slice the manifest does not list, naming both files.
@@ -152,7 +153,7 @@ def join(predictions: ModelPredictions, manifest: pd.DataFrame) -> pd.DataFrame:
     scores = [c for c in table.columns if _is_map_score(c)]
     out[scores] = table[scores].to_numpy(float) if scores else None
     scan_positive = scan_lesion_labels(rows)
-    out.attrs["scan_positive"] = None if scan_positive is None else scan_positive.to_numpy()
+    out[SCAN_POSITIVE] = pd.NA if scan_positive is None else scan_positive.to_numpy()
     subgroups = subgroup_columns(rows, manifest.attrs.get("label_columns"))
     for column in subgroups:
         out[column] = rows[column].replace("", None).to_numpy()
@@ -187,13 +188,10 @@ def scan_table(slices: pd.DataFrame) -> pd.DataFrame | None:
     lesion; <NA> when a slice is unlabelled), ``slices``; None when the slices name no scan."""
     if slices[SCAN].isna().any():
         return None
-    scan_positive = slices.attrs.get("scan_positive")
-    frame = slices.assign(_scan_positive=scan_positive if scan_positive is not None else pd.NA)
     rows = []
-    for scan, group in frame.groupby(SCAN, sort=False):
-        known = group["_scan_positive"].notna().all() if scan_positive is not None else False
-        truth = group[POSITIVE]
-        positive = bool(group["_scan_positive"].iloc[0]) if known else (
+    for scan, group in slices.groupby(SCAN, sort=False):
+        truth, scan_label = group[POSITIVE], group[SCAN_POSITIVE]
+        positive = bool(scan_label.iloc[0]) if scan_label.notna().all() else (
             bool(truth.any()) if truth.notna().all() else pd.NA)  # fmt: skip
         rows.append({SCANS.scan: scan, PATIENT: group[PATIENT].iloc[0], P_LESION: group[P_LESION].max(),
                      POSITIVE: positive, "slices": len(group)})  # fmt: skip

@@ -10,6 +10,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display: also on a server without one
 import matplotlib.pyplot as plt  # noqa: E402
 
+from vit_ct.report.calibration import BINS  # noqa: E402
 from vit_ct.report.detection import GRID  # noqa: E402
 
 COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e")
@@ -59,6 +60,8 @@ def reliability_figure(models: list) -> bytes:
     ax.plot([0, 1], [0, 1], color="grey", linestyle=":", linewidth=1)
     for colour, model in zip(COLOURS, models, strict=False):
         calibration = model.sections["calibration"]
+        if not calibration:  # no slice labels
+            continue
         bins = calibration["reliability"]
         ece = calibration["ece"]["value"]
         ax.plot([b["mean_prob"] for b in bins], [b["fraction_positive"] for b in bins], "o-", color=colour,
@@ -69,7 +72,7 @@ def reliability_figure(models: list) -> bytes:
                     label=f"{model.name}, T = {calibration['temperature']:.2f}")  # fmt: skip
     ax.set_xlabel("mean P(lesion) in the bin")
     ax.set_ylabel("share of slices with a lesion")
-    ax.set_title(f"reliability, {model.sections['calibration']['bins']} equal-width bins")
+    ax.set_title(f"reliability, {BINS} equal-width bins")
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
     ax.legend(loc="upper left", fontsize=8)
