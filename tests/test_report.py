@@ -236,6 +236,8 @@ def test_a_report_of_a_predict_output_beside_a_made_up_cnn(tmp_path):
     test = predictions[predictions["image"].str[1:3].astype(int) >= 4]  # patients 4.. are the test split
     auroc = record["slice"]["auroc"]
     assert set(auroc) == {"value", "ci95", "n"} and auroc["n"] == len(test)
+    for level in ("slice", "scan"):  # every figure in one shape
+        assert all(set(figure) == {"value", "ci95", "n"} for figure in record[level].values())
     assert auroc["value"] == pytest.approx(roc_auc_score(test["label"], test["prob"]))
     assert auroc["ci95"][0] <= auroc["value"] <= auroc["ci95"][1]
     scans = test.groupby("scan").agg(prob=("prob", "max"), label=("label", "max"))

@@ -86,7 +86,6 @@ def level_figures(cases: pd.DataFrame, *, calibration: bool, resamples: int, see
     full = detection_scores(prob, label)
     curves = {kind: (full[key], *percentile_interval(reps[key])) for kind, key in (("roc", "roc_tpr"),
                                                                                    ("pr", "pr_precision"))}  # fmt: skip
-    metrics["patients"] = int(cases[PATIENT].nunique())
     return metrics, curves
 
 
