@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 BINS = 15  # equal-width bins of P(lesion) over [0, 1], as torchmetrics' BinaryCalibrationError(n_bins=15)
+MIN_TEMPERATURE = 0.01  # validation slices P(lesion) separates perfectly fit T -> 0: it stops here
 _CLIP = 1e-7  # P(lesion) of exactly 0 or 1 has an infinite logit; the fit reads them as 1e-7 from the edge
 
 
@@ -47,11 +48,17 @@ def logit(prob: np.ndarray) -> np.ndarray:
     return np.log(prob) - np.log1p(-prob)
 
 
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    """1 / (1 + exp(-x)), without overflow for large |x|."""
+    return 0.5 * (1.0 + np.tanh(0.5 * x))
+
+
 def fit_temperature(prob: np.ndarray, label: np.ndarray, *, steps: int = 50) -> float:
     """The T > 0 that minimises the negative log-likelihood of ``sigmoid(logit(prob) / T)`` on these cases.
 
     The likelihood is convex in 1/T (a logistic regression on the logit, one weight, no intercept): Newton's method
-    from T = 1, each step halved until the likelihood falls.
+    from T = 1, each step halved until the likelihood falls; T no lower than 0.01 (where P(lesion) separates the
+    cases perfectly, the likelihood keeps rising as T falls).
     """
     z, y = logit(prob), label.astype(float)
 
@@ -60,14 +67,14 @@ def fit_temperature(prob: np.ndarray, label: np.ndarray, *, steps: int = 50) -> 
 
     beta = 1.0
     for _ in range(steps):
-        q = 1.0 / (1.0 + np.exp(-beta * z))
+        q = sigmoid(beta * z)
         gradient, curvature = np.mean((q - y) * z), np.mean(q * (1 - q) * z**2)
         if curvature <= 0 or abs(gradient) < 1e-12:
             break
         step = gradient / curvature
         while nll(beta - step) > nll(beta) and abs(step) > 1e-12:
             step /= 2
-        beta -= step
+        beta = min(beta - step, 1 / MIN_TEMPERATURE)
     if beta <= 0:
         raise ValueError("temperature scaling: P(lesion) ranks the validation cases backwards (no T > 0 fits)")
     return float(1.0 / beta)
@@ -75,4 +82,4 @@ def fit_temperature(prob: np.ndarray, label: np.ndarray, *, steps: int = 50) -> 
 
 def scale(prob: np.ndarray, temperature: float) -> np.ndarray:
     """P(lesion) after temperature scaling: ``sigmoid(logit(prob) / T)``; the order of cases (AUROC) is unchanged."""
-    return 1.0 / (1.0 + np.exp(-logit(prob) / temperature))
+    return sigmoid(logit(prob) / temperature)
