@@ -4,8 +4,8 @@ Each room imports only the rooms below it, exactly as the README's package map s
 (the foundation) nothing; ``data`` only those, its sub-rooms each only the ones before it in ``transforms``, ``io``,
 ``cache``, ``manifests``, then ``loading`` and ``datasets``; ``sim`` only ``data``; ``explain`` of ``data`` only
 ``transforms`` (the HU windows), no model; ``metrics`` ``data`` and ``explain``; ``model`` those; ``run`` those and
-``sim``; ``predict`` those and ``run``; ``review`` those and ``predict``; nothing imports the CLI but
-``python -m vit_ct``; no import cycle anywhere.
+``sim``; ``predict`` those and ``run``; ``review`` those and ``predict``; ``report`` those and ``review``; nothing
+imports the CLI but ``python -m vit_ct``; no import cycle anywhere.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ ALLOWED = {
     "run": {*DATA, "explain", "metrics", "model", "sim", "run", *BASE},
     "predict": {*DATA, "explain", "metrics", "model", "run", "predict", *BASE},
     "review": {*DATA, "explain", "metrics", "model", "run", "predict", "review", *BASE},
+    "report": {*DATA, "explain", "metrics", "model", "run", "predict", "review", "report", *BASE},
 }
 
 

@@ -117,7 +117,7 @@ def tiny_args(argv: list[str], synthetic_set: Path) -> list[str]:
 def runnable(command: Command, synthetic_set: Path) -> list[str]:
     """The command as it runs here: this environment's executables, placeholders filled, tiny sizes appended."""
     argv = [fill_placeholders(a) for a in command.argv]
-    if argv[:2] == ["vit-ct", "manifest"]:  # no model, no data module: nothing to shrink
+    if argv[:2] in (["vit-ct", "manifest"], ["vit-ct", "report"]):  # no model, no data module: nothing to shrink
         return [str(VENV / "bin" / "vit-ct"), *argv[1:]]
     if argv[0] == "vit-ct":
         return [str(VENV / "bin" / "vit-ct"), *argv[1:], *tiny_args(argv, synthetic_set)]

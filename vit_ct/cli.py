@@ -1,10 +1,11 @@
 """The ``vit-ct`` command (also ``python -m vit_ct``): ``fit``, ``validate``, ``test`` and ``predict`` through a
-LightningCLI (:mod:`vit_ct.run.command`) with W&B tracking and checkpoints, and ``manifest``
-(:mod:`vit_ct.predict.manifest_command`: the slices of DICOM folders and NIfTI volumes, or a public dataset by name).
+LightningCLI (:mod:`vit_ct.run.command`) with W&B tracking and checkpoints, ``manifest``
+(:mod:`vit_ct.predict.manifest_command`: the slices of DICOM folders and NIfTI volumes, or a public dataset by name)
+and ``report`` (:mod:`vit_ct.report.report_command`: figures with intervals from a predict output).
 
-``vit-ct --help`` and ``vit-ct manifest --help`` answer without importing torch, Lightning or timm (they are imported
-once a subcommand needs them). An error prints its message and where it was raised, and exits 1; ``--debug`` (or
-``VIT_CT_DEBUG=1``) prints the full traceback instead.
+``vit-ct --help``, ``vit-ct manifest --help`` and ``vit-ct report --help`` answer without importing torch, Lightning
+or timm (they are imported once a subcommand needs them). An error prints its message and where it was raised, and
+exits 1; ``--debug`` (or ``VIT_CT_DEBUG=1``) prints the full traceback instead.
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ def main(args: list[str] | None = None, *, run: bool = True):
         from vit_ct.predict.manifest_command import main as manifest_main
 
         manifest_main(argv[1:])
+        return None
+    if argv[:1] == ["report"]:
+        from vit_ct.report.report_command import main as report_main
+
+        report_main(argv[1:])
         return None
     if wants_overview(argv):
         print(overview(), end="")

@@ -28,6 +28,9 @@ SUBCOMMANDS = {
     "manifest": "List the CT slices of DICOM folders or NIfTI volumes in a manifest CSV, its label column left for "
     "you to fill in; --dataset NAME ROOT turns a public head-CT set (CQ500, CT-ICH, INSTANCE, BHSD, RSNA) into a "
     "labelled one.",
+    "report": "Write report.html and report.json from a predict output and its labelled manifest: AUROC, sensitivity "
+    "and specificity per slice and scan, calibration, map scores and subgroups, each with a bootstrap interval over "
+    "patients; --compare NAME=PATH puts another model's predictions beside it.",
 }
 CONFIG_HELP = (
     "YAML config file (configs/*.yaml, or a run's config.yaml), usually given after the subcommand; repeat it to "
@@ -43,6 +46,7 @@ examples:
   vit-ct predict --config configs/finetune.yaml --ckpt_path CKPT --data.manifest new.csv --output_dir out
   vit-ct manifest DICOM_DIR --output archive.csv
   vit-ct manifest --dataset cq500 CQ500/ --output cq500.csv  a public set, labelled, by name
+  vit-ct report out --manifest my.csv                        predict's output with labels: out/report/report.html
   vit-ct fit --help                                          every option of fit"""
 HELP_FLAGS = ("-h", "--help")
 CONFIG_FLAGS = ("-c", "--config")
