@@ -1,5 +1,7 @@
 """Shifted-grid rollout (vit_ct.explain.shifted): maps on a grid finer than the patches, read from the model itself."""
 
+import numpy as np
+import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
@@ -7,7 +9,7 @@ from conftest import DEMO_LEVERS
 
 from vit_ct.explain.maps import Explained, rollout_with_output, upsample
 from vit_ct.explain.shifted import air_level, combine_shifted, grid_offsets, shift_image, shifted_explained
-from vit_ct.metrics.schema import PREDICTIONS
+from vit_ct.metrics.schema import PREDICTIONS, REVIEW
 from vit_ct.model import ViTClassifier
 from vit_ct.model.inference import infer
 
@@ -163,3 +165,50 @@ def test_test_metrics_score_the_finer_map_and_both_ceilings():
 def test_map_shifts_must_divide_the_patch():
     with pytest.raises(ValueError, match="map_shifts"):
         ViTClassifier(**DEMO_LEVERS, img_size=32, in_chans=1, embed_dim=32, depth=1, num_heads=2, map_shifts=3)
+
+
+def test_predict_writes_prob_tta_and_the_finer_ceiling_and_the_review_reads_the_same(synthetic_set, tmp_path):
+    """``vit-ct predict``'s writer and the review over the same shifted passes: predictions.csv's header is the
+    schema's with ``prob_tta`` and ``perfect_grid``; the review table has the same values, and its summary a
+    ``perfect_grid`` row beside ``perfect_patch``."""
+    from conftest import quiet_trainer
+
+    from vit_ct import review
+    from vit_ct.metrics.localisation import SCORES, SURFACE_DISTANCE_SOURCES
+    from vit_ct.predict.writer import PredictionWriter
+
+    torch.manual_seed(0)
+    model = ViTClassifier(**DEMO_LEVERS, img_size=32, in_chans=2, embed_dim=32, depth=2, num_heads=2, map_shifts=2)
+    model.eval()
+    windows = {"data": {"init_args": {"windows": ["brain", "subdural"]}}}
+    data = review.review_datamodule(model, synthetic_set, split="test", batch_size=3, config=windows)
+    quiet_trainer(callbacks=[PredictionWriter(tmp_path / "out")]).predict(model, datamodule=data)
+    written = pd.read_csv(tmp_path / "out" / PREDICTIONS.file, float_precision="round_trip")
+    kept = [s for s in SCORES if s != "hd95_px"]  # every synthetic slice has a pixel spacing
+    assert list(written.columns) == PREDICTIONS.header(
+        task="binary", class_names=model.class_names, labels=True, scan=True, frame=False, mask=True, blocks=2,
+        sources=SURFACE_DISTANCE_SOURCES, scores=kept, tta=True,
+    )  # fmt: skip
+    assert written[PREDICTIONS.prob_tta].between(0, 1).all() and written["perfect_grid_dice"].notna().any()
+    maps = np.load(tmp_path / "out" / written[PREDICTIONS.rollout].iloc[0])
+    assert maps.shape == (64, 64)  # the source slice's grid, as ever
+    table = review.run_review(model, data, progress=False)
+    shared = [PREDICTIONS.score(s, name) for s in SURFACE_DISTANCE_SOURCES for name in kept]
+    assert np.array_equal(written[shared].to_numpy(), table[shared].to_numpy(), equal_nan=True)
+    assert table[REVIEW.rollout].iloc[0].shape == (4, 4)  # 32 px, 8-px cells
+    summary = review.localisation_summary(table)
+    assert {"rollout", "perfect_patch", "perfect_grid"} <= set(summary.index)
+    assert summary.loc["perfect_grid", "dice"] >= summary.loc["perfect_patch", "dice"]
+
+
+def test_a_checkpoint_does_not_carry_map_shifts_the_review_sets_it(tmp_path):
+    torch.manual_seed(0)
+    built = dict(DEMO_LEVERS, img_size=32, in_chans=1, embed_dim=32, depth=1, num_heads=2)
+    model = ViTClassifier(**built, map_shifts=2)
+    path = tmp_path / "k.ckpt"
+    contract = {"img_size": 32, "patch_size": 16, "in_chans": 1, "windows": [[40.0, 80.0]],
+                "read_options": {"modalities": ["CT"], "stored_values_are_hu": False}}  # fmt: skip
+    checkpoint = {"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams), "vit_ct_input": contract}
+    torch.save({**checkpoint, "pytorch-lightning_version": "2.6.0", "hparams_name": "kwargs"}, path)
+    assert ViTClassifier.load_from_checkpoint(path).map_shifts == 1  # one pass unless the command asks
+    assert ViTClassifier.load_from_checkpoint(path, map_shifts=4).map_shifts == 4

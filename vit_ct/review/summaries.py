@@ -117,7 +117,8 @@ def localisation_summary(table: pd.DataFrame) -> pd.DataFrame | None:
         return None
     rows = {}
     for source in MAP_SOURCES:
-        if table.loc[scored, PREDICTIONS.score(source, "pointing")].isna().all():
+        pointing = PREDICTIONS.score(source, "pointing")
+        if pointing not in table or table.loc[scored, pointing].isna().all():
             continue  # perfect_grid of a rollout on the patch grid
         means = {name: table.loc[scored, PREDICTIONS.score(source, name)].mean() for name in SCORES}
         means["energy_ratio"] = means["energy"] / means["mask_fraction"]
