@@ -21,11 +21,14 @@ from vit_ct.explain.segmentation import perfect_patch_map
 @dataclass
 class Explained:
     """What one recorded forward pass gives: the model's output, the attention rollout and the attention rows of the
-    class token (what the sink metrics of :mod:`vit_ct.metrics.sink` read)."""
+    class token (what the sink metrics of :mod:`vit_ct.metrics.sink` read). Read over shifted grids
+    (:func:`vit_ct.explain.shifted.shifted_explained`), ``rollout`` is on the finer grid and ``shifted_outputs`` holds
+    the shifted passes' outputs; the rest is the unshifted pass's."""
 
     output: Any
-    rollout: torch.Tensor  # (B, grid_h, grid_w) float32, non-negative
+    rollout: torch.Tensor  # (B, grid_h, grid_w) float32, non-negative; a grid `map_shifts` times finer when shifted
     class_attention: torch.Tensor  # (B, blocks, T) float32: the class token's head-fused row per block, sums to 1
+    shifted_outputs: tuple[Any, ...] = ()  # the outputs of the passes over shifted grids, the unshifted one aside
 
 
 class Explainer(Protocol):
@@ -168,25 +171,37 @@ def upsampled_rollout(model: Explainer, image: torch.Tensor) -> tuple[torch.Tens
 
 
 def localisation_maps(
-    model: Explainer | None, batch: dict, *, rollout: torch.Tensor | None = None
+    model: Explainer | None,
+    batch: dict,
+    *,
+    rollout: torch.Tensor | None = None,
+    patch_grid: tuple[int, int] | None = None,
 ) -> dict[str, torch.Tensor]:
     """The maps localisation scores (:mod:`vit_ct.metrics.localisation`) on the model grid, each ``(B, S, S)``.
 
     ``rollout``: the model's attention rollout, upsampled; ``floor_image``: the first window of the image itself
     (acute blood is bright); ``floor_head``: the head mask (uniform over the head: chance); ``perfect_patch``: the
-    lesion mask pooled to the rollout's patch grid and upsampled (the ceiling of any patch-level map).
+    lesion mask pooled to the model's patch grid and upsampled (the ceiling of any patch-level map); and where the
+    rollout's grid is finer than the patches (shifted-grid rollout, :mod:`vit_ct.explain.shifted`), ``perfect_grid``:
+    the lesion mask pooled to the rollout's own grid and upsampled (the ceiling of any map on that grid).
 
     Args:
         model: an :class:`Explainer`, see :func:`upsampled_rollout`; may be None when ``rollout`` is given.
         batch: a :class:`vit_ct.CTBatch` (``image``, ``head`` and ``mask`` are read).
         rollout: ``(B, grid_h, grid_w)`` rollout already computed for this batch; None: the model's.
+        patch_grid: ``(grid_h, grid_w)`` of the model's patches; None: the rollout's grid.
     """
     if rollout is None:
         with torch.no_grad():
             rollout = model.explain(batch["image"])[1]
-    return {
+    lesion = batch["mask"][:, 0] > 0.5
+    patch_grid = tuple(rollout.shape[-2:]) if patch_grid is None else tuple(patch_grid)
+    maps = {
         "rollout": upsample(rollout, batch["image"].shape[-2:]),
         "floor_image": batch["image"][:, 0].float(),
         "floor_head": batch["head"][:, 0].float(),
-        "perfect_patch": perfect_patch_map(batch["mask"][:, 0] > 0.5, rollout.shape[-2:]),
+        "perfect_patch": perfect_patch_map(lesion, patch_grid),
     }
+    if patch_grid != tuple(rollout.shape[-2:]):
+        maps["perfect_grid"] = perfect_patch_map(lesion, rollout.shape[-2:])
+    return maps

@@ -27,8 +27,9 @@ from vit_ct.explain.spacing import HEAD_FIELD_OF_VIEW_MM as HEAD_FIELD_OF_VIEW_M
 from vit_ct.explain.spacing import model_grid_spacing_mm as model_grid_spacing_mm
 from vit_ct.explain.spacing import pixel_units_note, slice_spacing
 
-MAP_SOURCES = ("rollout", "floor_image", "floor_head", "perfect_patch")
-SURFACE_DISTANCE_SOURCES = ("rollout", "perfect_patch")  # HD95 costs ~20 ms a slice: the map and its ceiling
+# perfect_grid: the ceiling on the rollout's own grid, where it is finer than the patches (--model.map_shifts > 1)
+MAP_SOURCES = ("rollout", "floor_image", "floor_head", "perfect_patch", "perfect_grid")
+SURFACE_DISTANCE_SOURCES = ("rollout", "perfect_patch", "perfect_grid")  # HD95 costs ~20 ms a slice: map, ceilings
 # per slice and map source; hd95_px: HD95 of a slice without a pixel spacing, in pixels of its source slice
 SCORES = ("pointing", "energy", "mask_fraction", "pixel_auroc", "dice", "iou", "hd95_mm", "hd95_px")
 _SAID: set[str] = set()  # notes already given by scores_per_slice
@@ -304,7 +305,8 @@ def scores_per_slice(
     """Every slice's localisation scores ``{source}_{score}`` (:data:`SCORES`), ``(B,)`` float64 each, scored exactly
     as :class:`LocalisationMetrics` scores them (HD95 only for :data:`SURFACE_DISTANCE_SOURCES`, as ``hd95_mm``, or
     as ``hd95_px`` on slices without a pixel spacing, with a warning saying so once); NaN on the slices it skips (no
-    known, non-empty lesion mask): what ``vit-ct predict`` writes and the review lists.
+    known, non-empty lesion mask): what ``vit-ct predict`` writes and the review lists. A source ``maps`` lacks
+    (``perfect_grid`` of a rollout on the patch grid) gets no columns.
 
     Args:
         maps: ``{source: (B, S, S)}``, as :func:`vit_ct.explain.maps.localisation_maps` returns them.
@@ -317,6 +319,7 @@ def scores_per_slice(
     n, device = len(mask), mask.device
     spacing, in_mm = slice_spacing(batch.get("pixel_spacing_mm"), batch.get("source_shape"), mask.shape[-1], n, device)
     out = {}
+    sources = tuple(source for source in sources if source in maps)
     for source in sources:
         scored, scores = score_slices(
             maps[source], mask, head, known=batch["has_mask"], tolerance_px=tolerance_mm / spacing,

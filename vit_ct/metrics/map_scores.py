@@ -1,7 +1,7 @@
 """The metrics of the maps in one stage (validation or test), as torchmetrics states synced across DDP ranks: the
 attention sink on every slice, and the rollout (arXiv:2005.00928) against the lesion beside its two floors, the
-image itself and the head mask, and below the perfect patch map (the ceiling the patch grid sets), on slices with a
-known, non-empty lesion mask."""
+image itself and the head mask, and below the perfect patch map (the ceiling the patch grid sets; with a rollout read
+on a finer grid, also the ceiling of that grid), on slices with a known, non-empty lesion mask."""
 
 from __future__ import annotations
 
@@ -47,7 +47,9 @@ class MapMetrics(nn.Module):
         known, non-empty mask (each metric scores only the slices with a lesion inside the head)."""
         mask, head = batch["mask"][:, 0], batch["head"][:, 0]
         scored = batch["has_mask"] & mask.flatten(1).any(dim=1)
-        maps = localisation_maps(None, batch, rollout=explained.rollout)
+        side = batch["image"].shape[-2:]
+        patches = (side[0] // patch_size, side[1] // patch_size)  # the rollout's grid may be finer (map_shifts)
+        maps = localisation_maps(None, batch, rollout=explained.rollout, patch_grid=patches)
         self.sink.update(explained.rollout, maps["rollout"], explained.class_attention, head, mask, scored,
                          num_prefix_tokens=num_prefix_tokens, patch_size=patch_size)  # fmt: skip
         spacing = batch.get("pixel_spacing_mm")  # model grid, when the batch has it

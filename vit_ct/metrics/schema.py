@@ -22,6 +22,9 @@ class PredictionColumns:
     """The slice as the manifest names it."""
     prob: str = "prob"
     """Binary: P(lesion). Multi-class and multi-label runs write ``prob_<class>`` instead (:meth:`probs`)."""
+    prob_tta: str = "prob_tta"
+    """Where the map is read over shifted grids (``--model.map_shifts`` > 1): ``prob`` as the mean over those passes
+    (test-time augmentation), beside the single pass's; ``prob_tta_<class>`` for multi-class and multi-label runs."""
     label: str = "label"
     """The manifest's class index, where known. Multi-label runs write ``label_<name>`` instead (:meth:`labels`)."""
     rollout: str = "rollout"
@@ -43,12 +46,15 @@ class PredictionColumns:
     cls_air: str = "cls_air"
     """Per block ``b`` (``cls_air_b<b>``): the class token's attention on air patches."""
     # then per map scored against the lesion (vit_ct.metrics.localisation.SURFACE_DISTANCE_SOURCES: the rollout and
-    # its ceiling) each score as a column `<source>_<score>` (:meth:`score`): NaN on slices without a known, non-empty
-    # lesion mask; HD95 only in the unit some slice was measured in (`hd95_mm`, `hd95_px`)
+    # its ceilings, perfect_grid only where the map is read over shifted grids) each score as a column
+    # `<source>_<score>` (:meth:`score`): NaN on slices without a known, non-empty lesion mask; HD95 only in the unit
+    # some slice was measured in (`hd95_mm`, `hd95_px`)
 
-    def probs(self, task: str, class_names: Sequence[str]) -> list[str]:
-        """The probability columns: ``prob`` (binary), else one ``prob_<class>`` per output."""
-        return [self.prob] if task == "binary" else [f"{self.prob}_{name}" for name in class_names]
+    def probs(self, task: str, class_names: Sequence[str], *, tta: bool = False) -> list[str]:
+        """The probability columns: ``prob`` (binary), else one ``prob_<class>`` per output; with ``tta`` the same of
+        ``prob_tta``."""
+        base = self.prob_tta if tta else self.prob
+        return [base] if task == "binary" else [f"{base}_{name}" for name in class_names]
 
     def labels(self, names: Sequence[str]) -> list[str]:
         """The multi-label runs' label columns, ``label_<name>``."""
@@ -74,11 +80,13 @@ class PredictionColumns:
         blocks: int | None,
         sources: Sequence[str] = (),
         scores: Sequence[str] = (),
+        tta: bool = False,
     ) -> list[str]:
         """The columns of a run whose slices all have the same kinds of values: ``labels`` known, a ``scan``, a
-        ``frame`` (``slice``), a ``mask``, the sink over ``blocks`` (None: no head mask), and the ``scores`` of the
-        map ``sources`` scored against the lesion (none without a mask)."""
+        ``frame`` (``slice``), a ``mask``, the sink over ``blocks`` (None: no head mask), the ``scores`` of the
+        map ``sources`` scored against the lesion (none without a mask), ``tta`` (the map read over shifted grids)."""
         names = [self.image, *self.probs(task, class_names)]
+        names += self.probs(task, class_names, tta=True) if tta else []
         if labels:
             names += self.labels(class_names) if task == "multilabel" else [self.label]
         names += [self.rollout, self.overlay]

@@ -76,23 +76,30 @@ def patch_level_floor(mask: torch.Tensor, patch_size: int) -> torch.Tensor:
 
 
 def sink_per_slice(
-    rollout: torch.Tensor, class_attention: torch.Tensor, head: torch.Tensor, num_prefix_tokens: int
+    rollout: torch.Tensor,
+    class_attention: torch.Tensor,
+    head: torch.Tensor,
+    num_prefix_tokens: int,
+    patch_grid: tuple[int, int] | None = None,
 ) -> dict[str, torch.Tensor]:
     """The sink of each slice of a batch, as ``predictions.csv`` and the review list it.
 
     Args:
-        rollout: ``(B, grid_h, grid_w)`` rollout on the patch grid.
+        rollout: ``(B, grid_h, grid_w)`` rollout on its grid (the patch grid, or a finer one read over shifted grids).
         class_attention: ``(B, blocks, T)``, see :func:`class_token_shares`.
         head: ``(B, 1, S, S)`` head mask, 0/1.
         num_prefix_tokens: class and register tokens in front of the patch tokens.
+        patch_grid: ``(grid_h, grid_w)`` of the model's patches; None: the rollout's grid.
 
     Returns:
-        ``rollout_air`` and ``rollout_outside_head`` ``(B,)`` (the latter on the slice grid, rollout upsampled
-        bilinearly), ``cls_prefix`` and ``cls_air`` ``(B, blocks)``; float64.
+        ``rollout_air`` (the rollout's share on cells of its grid without a head pixel) and ``rollout_outside_head``
+        ``(B,)`` (on the slice grid, rollout upsampled bilinearly), ``cls_prefix`` and ``cls_air`` ``(B, blocks)``;
+        float64.
     """
     air = air_patches(head, rollout.shape[-2:])
     heat = upsample(rollout, head.shape[-2:])
-    prefix, on_air = class_token_shares(class_attention, air, num_prefix_tokens)
+    patch_air = air if patch_grid is None else air_patches(head, patch_grid)
+    prefix, on_air = class_token_shares(class_attention, patch_air, num_prefix_tokens)
     return {
         "rollout_air": mass_share(rollout, air),
         "rollout_outside_head": mass_share(heat, head[:, 0] < 0.5),
@@ -142,7 +149,7 @@ class SinkMetrics(Metric):
         """Adds a batch.
 
         Args:
-            rollout: ``(B, grid_h, grid_w)`` rollout on the patch grid.
+            rollout: ``(B, grid_h, grid_w)`` rollout on its grid (the patch grid or a finer one).
             heat: ``(B, S, S)`` the same, upsampled to the slice grid.
             class_attention: ``(B, blocks, T)``, see :func:`class_token_shares`.
             head: ``(B, S, S)`` head mask, 0/1.
@@ -151,9 +158,9 @@ class SinkMetrics(Metric):
             num_prefix_tokens: class and register tokens in front of the patch tokens.
             patch_size: side of a patch in pixels.
         """
-        air = air_patches(head, rollout.shape[-2:])
-        prefix, on_air = class_token_shares(class_attention, air, num_prefix_tokens)
-        self.rollout_air += mass_share(rollout, air).sum()
+        patches = (head.shape[-2] // patch_size, head.shape[-1] // patch_size)
+        prefix, on_air = class_token_shares(class_attention, air_patches(head, patches), num_prefix_tokens)
+        self.rollout_air += mass_share(rollout, air_patches(head, rollout.shape[-2:])).sum()
         self.cls_prefix += prefix.sum(dim=0)
         self.cls_air += on_air.sum(dim=0)
         self.slices += len(rollout)

@@ -19,6 +19,7 @@ from torch import nn
 from vit_ct.data.transforms.contract import InputContract
 from vit_ct.explain.attention import record_attention
 from vit_ct.explain.maps import Explained, explain_forward
+from vit_ct.explain.shifted import air_level, shifted_explained
 from vit_ct.metrics.classification import classification_metrics
 from vit_ct.metrics.map_scores import MapMetrics
 from vit_ct.model.checkpointed import SeesAsCheckpointed
@@ -98,6 +99,9 @@ class ViTClassifier(SeesAsCheckpointed):
         scheduler: Replaces the default per-step warm-up + cosine schedule.
         rollout_head_fusion: How attention rollout fuses the heads of a block (``mean``, ``max``, ``min``).
         rollout_discard_ratio: Share of the lowest attention weights rollout discards per block.
+        map_shifts: Read the rollout on a grid this many times finer than the patches, from ``map_shifts**2`` passes
+            over the slice shifted by multiples of ``patch_size / map_shifts`` pixels (:mod:`vit_ct.explain.shifted`;
+            their mean probability: ``prob_tta``); 1: one pass. Chosen per command, not stored in checkpoints.
         localisation_tolerance_mm: Pointing-game tolerance of the validation and test localisation metrics, in mm
             on each slice's own pixel spacing (from the file, else the manifest's ``pixel_spacing_mm``); in pixels of
             the source slice for a slice without one, said in one warning.
@@ -152,6 +156,7 @@ class ViTClassifier(SeesAsCheckpointed):
         # the maps
         rollout_head_fusion: Literal["mean", "max", "min"] = "mean",
         rollout_discard_ratio: float = 0.0,
+        map_shifts: int = 1,
         localisation_tolerance_mm: float = 5.0,
         # the start weights
         weights: str | None = None,
@@ -172,7 +177,7 @@ class ViTClassifier(SeesAsCheckpointed):
         arguments.update(img_size=contract.img_size, in_chans=contract.in_chans)
         check_hparams({**arguments, "num_classes": num_classes})
         # `weights` is a start point, not part of the model: a checkpoint must load without that file.
-        ignore = ("optimizer", "scheduler", "weights", "pretrained")
+        ignore = ("optimizer", "scheduler", "weights", "pretrained", "map_shifts")  # map_shifts: set per command
         self.save_hyperparameters(ignore=list(ignore))
         # The CLI hands save_hyperparameters its own config, which lacks the link targets it did not set: the
         # hyper-parameters are made every argument the model is built with, so that nothing reads a fallback.
@@ -190,6 +195,7 @@ class ViTClassifier(SeesAsCheckpointed):
         # on_load_checkpoint).
         self.input_contract = contract
         self.optimizer_factory = optimizer
+        self.map_shifts = map_shifts
         self.scheduler_factory = scheduler
         self.configure_models()
         self.configure_losses()
@@ -342,8 +348,8 @@ class ViTClassifier(SeesAsCheckpointed):
         label = batch["label"]
         if not len(label):  # a batch of DDP padding only (possible when a split has fewer slices than ranks)
             return None
-        # one forward pass for the losses, the metrics and the explanation
-        explained = self._explained(lambda: self.losses(batch), batch["image"].shape)
+        image = batch["image"]  # one pass for the losses, the metrics and the map (map_shifts > 1: over shifted grids)
+        explained = self.explained(image, first=self._explained(lambda: self.losses(batch), image.shape))
         loss, logits, _ = explained.output
         probs = self.probabilities(logits)
         self.metrics[stage].update(probs, label)  # labels -1 (a slice of a scan with a lesion) left out
@@ -365,12 +371,15 @@ class ViTClassifier(SeesAsCheckpointed):
         explained = self.explained(image)
         return explained.output, explained.rollout
 
-    def explained(self, image: torch.Tensor) -> Explained:
+    def explained(self, image: torch.Tensor, first: Explained | None = None) -> Explained:
         """Logits, attention rollout and the class token's attention rows per block, from one forward pass without
-        gradients. Heads are fused inside the hook and only the class token's row is propagated, so large slices fit
-        (:func:`vit_ct.explain.maps.explain_forward`, with this model's rollout settings)."""
+        gradients (``map_shifts**2`` passes where ``map_shifts`` > 1, :func:`shifted_explained`; ``first``: the
+        unshifted one, already run). Heads are fused inside the hook and only the class token's row is propagated, so
+        large slices fit (:func:`vit_ct.explain.maps.explain_forward`, with this model's rollout settings)."""
+        fill = air_level(self.input_contract.windows, image.shape[1])
         with torch.no_grad():
-            return self._explained(lambda: self(image), image.shape)
+            return shifted_explained(lambda x: self._explained(lambda: self(x), x.shape), image, first=first,
+                                     patch_size=self.hparams.patch_size, shifts=self.map_shifts, fill=fill)  # fmt: skip
 
     def predict_step(self, batch: dict, batch_idx: int) -> Inference:
         """Probabilities, rollout, attention sink and localisation scores of each slice (:func:`infer`)."""

@@ -21,18 +21,22 @@ class Inference:
 
     index: torch.Tensor  # (B,) the slices' rows in the dataset
     prob: torch.Tensor  # (B,) P(lesion) when binary, else (B, num_classes); float32
-    rollout: torch.Tensor  # (B, grid_h, grid_w) float32, non-negative
+    rollout: torch.Tensor  # (B, grid_h, grid_w) float32, non-negative; `map_shifts` times finer than the patches
     class_attention: torch.Tensor  # (B, blocks, T): the class token's head-fused row per block
     sink: dict[str, torch.Tensor]  # vit_ct.metrics.sink.sink_per_slice; empty without a head mask
     scores: dict[str, torch.Tensor]  # {source}_{score}: (B,) float64, NaN unscored; empty when no slice has a mask
+    prob_tta: torch.Tensor | None = None  # as `prob`, the mean over the shifted passes' too; None: one pass
 
     def probabilities(self, i: int, class_names: Sequence[str]) -> dict[str, float]:
-        """Slice ``i``'s ``prob`` (binary) or ``prob_<class>`` columns."""
-        prob = self.prob[i].float().cpu()
-        if prob.ndim == 0:
-            return {PREDICTIONS.prob: float(prob)}
-        names = PREDICTIONS.probs("multiclass", class_names)
-        return dict(zip(names, prob.tolist(), strict=True))
+        """Slice ``i``'s ``prob`` (binary) or ``prob_<class>`` columns, then ``prob_tta`` (``prob_tta_<class>``) where
+        the map was read over shifted grids."""
+        task = "binary" if self.prob[i].ndim == 0 else "multiclass"
+        columns = {}
+        for probs, tta in ((self.prob, False), (self.prob_tta, True)):
+            if probs is not None:
+                values = probs[i].float().cpu().reshape(-1).tolist()
+                columns.update(zip(PREDICTIONS.probs(task, class_names, tta=tta), values, strict=True))
+        return columns
 
     def sink_columns(self, i: int) -> dict[str, float]:
         """Slice ``i``'s attention-sink columns: ``rollout_air``, ``rollout_outside_head``, and per block ``b``
@@ -62,14 +66,18 @@ def infer(model, batch: dict, *, sources: tuple[str, ...] = SURFACE_DISTANCE_SOU
         sources: The maps scored against the lesion (:data:`vit_ct.metrics.localisation.MAP_SOURCES`); predict
             scores the rollout and its ceiling, the review also the floors.
     """
-    explained: Explained = model.explained(batch["image"])
-    rollout = explained.rollout
+    explained: Explained = model.explained(batch["image"])  # over shifted grids where model.map_shifts > 1
+    rollout, patches = explained.rollout, tuple(model.vit.patch_embed.grid_size)
     sink = {}
     if "head" in batch:  # the attention sink, per slice
-        sink = sink_per_slice(rollout, explained.class_attention, batch["head"], model.num_prefix)
+        sink = sink_per_slice(rollout, explained.class_attention, batch["head"], model.num_prefix, patches)
     scores = {}
     if "has_mask" in batch and batch["has_mask"].any():  # the map against the lesion, per slice
-        maps = localisation_maps(None, batch, rollout=rollout)
+        maps = localisation_maps(None, batch, rollout=rollout, patch_grid=patches)
         scores = scores_per_slice(maps, batch, tolerance_mm=model.hparams.localisation_tolerance_mm, sources=sources)
     prob = model.probabilities(explained.output)
-    return Inference(batch["index"], prob, rollout, explained.class_attention, sink, scores)
+    tta = None
+    if explained.shifted_outputs:  # test-time augmentation: the mean probability over every pass
+        passes = (explained.output, *explained.shifted_outputs)
+        tta = torch.stack([model.probabilities(output) for output in passes]).mean(dim=0)
+    return Inference(batch["index"], prob, rollout, explained.class_attention, sink, scores, tta)

@@ -119,11 +119,13 @@ def load_review(
     split: str | None = "test",
     batch_size: int = 16,
     input_windows=None,
+    map_shifts: int = 1,
 ) -> tuple[ViTClassifier, CTSliceDataModule]:
-    """The model of ``ckpt_path`` (None: the latest run's best) in eval mode, and its :func:`review_datamodule`."""
+    """The model of ``ckpt_path`` (None: the latest run's best) in eval mode, reading its rollout over ``map_shifts``
+    shifted grids (``--model.map_shifts`` of predict and test; 1: one pass), and its :func:`review_datamodule`."""
     path = resolve_checkpoint(ckpt_path)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = ViTClassifier.load_from_checkpoint(path, map_location=device).eval()
+    model = ViTClassifier.load_from_checkpoint(path, map_location=device, map_shifts=map_shifts).eval()
     config = run_config(path)
     datamodule = review_datamodule(
         model, manifest, split=split, batch_size=batch_size, config=config, input_windows=input_windows

@@ -117,6 +117,9 @@ def localisation_summary(table: pd.DataFrame) -> pd.DataFrame | None:
         return None
     rows = {}
     for source in MAP_SOURCES:
+        pointing = PREDICTIONS.score(source, "pointing")
+        if pointing not in table or table.loc[scored, pointing].isna().all():
+            continue  # perfect_grid of a rollout on the patch grid
         means = {name: table.loc[scored, PREDICTIONS.score(source, name)].mean() for name in SCORES}
         means["energy_ratio"] = means["energy"] / means["mask_fraction"]
         rows[source] = {**means, "slices": int(scored.sum())}

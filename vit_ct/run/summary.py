@@ -12,7 +12,8 @@ from vit_ct.metrics.schema import PREDICTIONS, SCANS
 from vit_ct.run.console import counted
 
 LATEST_SUMMARY = Path("runs/latest/summary.json")  # from the project folder, where `make demo` runs
-MAP_SOURCES = ("rollout", "floor_image", "floor_head", "perfect_patch")  # explain.localisation's, without torch
+# metrics.localisation's, without torch
+MAP_SOURCES = ("rollout", "floor_image", "floor_head", "perfect_patch", "perfect_grid")
 LOCALISATION = ("pointing", "energy", "mask_fraction", "energy_ratio", "pixel_auroc", "dice", "hd95_mm")
 # The figures of a stage, in the order a reader looks for them: the decision first, then the maps' scores (and
 # `slices`, the number of lesion slices they were scored on); every other figure follows on as few lines as it takes.
@@ -106,7 +107,7 @@ def report(output_dir: str | Path, summary: dict) -> str:
         tolerance = f"{tolerance:g} mm" if tolerance is not None else "see config.yaml"
         lines.append(f"  localisation on test slices with a lesion (pointing tolerance {tolerance}):")
         lines.append(f"    {'map':<14}" + "".join(f"{n:>15}" for n in LOCALISATION))
-        for source in MAP_SOURCES:
+        for source in (s for s in MAP_SOURCES if f"test/{s}_pointing" in metrics):  # perfect_grid: shifted maps
             values = [metrics.get(f"test/{source}_{n}", float("nan")) for n in LOCALISATION]
             lines.append(f"    {source:<14}" + "".join(f"{v:>15.3f}" for v in values))
     if "test/rollout_air" in metrics:
