@@ -9,11 +9,11 @@ check, data randomisation, retrains the model on shuffled labels; it is not run 
 Verdict. The paper states no number: it judges a method by whether the similarity of its maps to the trained model's
 falls towards that of unrelated maps as the layers are randomised (gradients, Grad-CAM) or stays high (Guided
 Backprop, Guided Grad-CAM: input detectors). vit-ct states two: the method PASSES when, with every weight randomised,
-the mean rank correlation is below ``MAX_SPEARMAN`` = 0.5 (below the midpoint between an unrelated map, 0, and the
-same map, 1: the maps share less than half their ranking) and the maximum of at least ``MIN_MOVED`` = 0.5 of the slices
-moves to another patch (a map unrelated to the trained one puts its maximum in the same patch of ~150 in the head by
-chance only; half leaves room for maxima that the slice itself pins, e.g. bone). A map that does not read the
-weights (the image itself, a head mask) keeps correlation 1 and every maximum: it FAILS.
+the mean rank correlation is below ``MAX_SPEARMAN`` = 0.5 (the midpoint between an unrelated map, 0, and the same
+map, 1) and the maximum of at least ``MIN_MOVED`` = 0.5 of the slices moves to another patch (a map unrelated to the
+trained one keeps its maximum in the same patch by chance only: a head covers some 70 to 120 patches of a 16 x 16
+grid; half leaves room for maxima that the slice itself pins, e.g. bone). A map that does not read the weights (the
+image itself, a head mask) keeps correlation 1 and every maximum: it FAILS.
 """
 
 from __future__ import annotations
