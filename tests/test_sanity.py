@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import timm
 import torch
 from conftest import quiet_trainer
 from npy_manifest import write_npy_manifest
@@ -14,6 +15,7 @@ from npy_manifest import write_npy_manifest
 from vit_ct import ViTClassifier
 from vit_ct.data.transforms.model_input import apply_windows, grid_hu
 from vit_ct.explain.cascade import cascade, cascade_steps, reinitialise
+from vit_ct.explain.maps import explain_rollout
 from vit_ct.explain.sanity import maximum_patch, model_randomisation, on_grid, rank_correlation
 from vit_ct.review import sanity_command
 from vit_ct.sim.cohort import simulate_cohort_patient
@@ -73,6 +75,19 @@ def test_the_cascade_goes_top_down_and_reaches_every_parameter_once(shipped):
                                        "position embedding"]  # fmt: skip
     names = [p for s in steps for p in s.parameters(model)]
     assert sorted(names) == sorted(n for n, _ in model.named_parameters())
+
+
+def test_a_bare_timm_vit_goes_through_the_cascade_too():
+    torch.manual_seed(0)
+    vit = timm.create_model("vit_tiny_patch16_224", img_size=32, embed_dim=32, depth=2, num_heads=2, num_classes=2)
+    steps = cascade_steps(vit)
+    assert [s.name for s in steps] == ["head", "block 1", "block 0", "patch embedding", "position embedding"]
+    assert sorted(p for s in steps for p in s.parameters(vit)) == sorted(n for n, _ in vit.named_parameters())
+    check = model_randomisation(vit.eval(), torch.rand(3, 3, 32, 32), explain_rollout)
+    assert check.maps.shape == (6, 1, 2, 2)  # steps, examples, patch grid
+    # a module beside the ViT in the network (vit-ct's patch head) is re-initialised with the head
+    model = ViTClassifier(img_size=32, in_chans=1, embed_dim=32, depth=2, num_heads=2, patch_loss_weight=1.0)
+    assert cascade_steps(model)[0].modules == ("vit.norm", "vit.head", "patch_head")
 
 
 def test_the_fully_randomised_copy_is_as_timm_initialises_and_the_caller_keeps_its_weights(shipped):

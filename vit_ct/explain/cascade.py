@@ -60,10 +60,10 @@ def cascade_steps(network: nn.Module) -> list[CascadeStep]:
     """
     vit = _vision_transformer(network)
     prefix = _prefix(network, vit)
-    outside = [
+    outside = [  # modules of a network that holds the ViT, beside it (none when the network is the ViT)
         name
         for name, module in network.named_children()
-        if module is not vit and _has_parameters(module) and not any(m is vit for m in module.modules())
+        if vit is not network and _has_parameters(module) and not any(m is vit for m in module.modules())
     ]
     top = [_join(prefix, n) for n in _TOP if _has_parameters(getattr(vit, n, None))]
     steps = [CascadeStep("head", tuple(top + outside))]

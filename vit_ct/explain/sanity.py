@@ -38,7 +38,8 @@ MapFunction = Callable[[nn.Module, torch.Tensor], torch.Tensor]  # (network, (B,
 
 def rollout_map(network: nn.Module, images: torch.Tensor) -> torch.Tensor:
     """The attention rollout of an :class:`~vit_ct.explain.maps.Explainer` (a :class:`vit_ct.ViTClassifier`) with its
-    own rollout settings: ``(B, grid_h, grid_w)``."""
+    own rollout settings: ``(B, grid_h, grid_w)``. For a bare timm ViT pass :func:`vit_ct.explain.maps.explain_rollout`
+    instead."""
     return network.explain(images)[1]
 
 
@@ -223,6 +224,8 @@ def model_randomisation(
     images = images.to(device)
     grid = patch_grid(network, images.shape)
     examples = list(examples)
+    if not examples or not all(-images.shape[0] <= e < images.shape[0] for e in examples):
+        raise ValueError(f"examples must be indices of the {images.shape[0]} slices, got {examples}")
     steps, kept, trained, inside, top = [], [], None, None, None
     for name, randomised in cascade(network, seed=seed):
         maps = _maps(randomised, images, map_fn, batch_size)  # (B, h, w)
