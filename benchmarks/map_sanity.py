@@ -50,8 +50,16 @@ def measure(tag: str, patients: int, *, seed: int = 0) -> dict[str, Randomisatio
     examples = (batch["label"] > 0).nonzero()[:2, 0].tolist() or [0, 1]
     methods = {**METHODS, "floor: head": lambda network, images: batch["head"][:, 0]}
     return {
+        # one pass over all the slices: the head floor's map is the batch's own head mask
         name: model_randomisation(
-            model, batch["image"], map_fn, region=batch["head"], seed=seed, examples=examples, method=name
+            model,
+            batch["image"],
+            map_fn,
+            region=batch["head"],
+            seed=seed,
+            examples=examples,
+            batch_size=len(batch["image"]),
+            method=name,
         )  # fmt: skip
         for name, map_fn in methods.items()
     }
