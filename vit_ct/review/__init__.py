@@ -1,8 +1,9 @@
 """Reviewing a run, behind ``notebooks/attention_review.ipynb``: where the model and slices come from
 (:mod:`~vit_ct.review.loading`), the review table (:mod:`~vit_ct.review.table`) and what it says as a whole
 (:mod:`~vit_ct.review.summaries`), one case in depth and the export (:mod:`~vit_ct.review.cases`), figures and the case
-browser (:mod:`~vit_ct.review.figures`), and the headless notebook runner (:mod:`~vit_ct.review.notebook`,
-``python -m vit_ct.review``)."""
+browser (:mod:`~vit_ct.review.figures`), the headless notebook runner (:mod:`~vit_ct.review.notebook`,
+``python -m vit_ct.review``), and the maps' model-randomisation check of a checkpoint
+(:mod:`~vit_ct.review.sanity_command`)."""
 
 from vit_ct.review.cases import METHODS, CaseMaps, case_maps, export_flagged, review_csv
 from vit_ct.review.loading import (
