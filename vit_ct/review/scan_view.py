@@ -159,7 +159,7 @@ def _summary_html(verdicts: Verdicts) -> str:
 
     def shown(value) -> str:
         if isinstance(value, float):
-            return "none judged yet" if np.isnan(value) else f"{value:.0%}"
+            return "n/a" if np.isnan(value) else f"{value:.0%}"  # no case to count yet
         if isinstance(value, dict):
             return ", ".join(f"{name} {count}" for name, count in value.items())
         if isinstance(value, list):
