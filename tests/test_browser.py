@@ -1,6 +1,7 @@
 """The review notebook in a real browser: JupyterLab serves it, headless Chromium (the distribution's ``chromium`` and
 ``chromium-driver``) runs every cell, the scan view's widgets draw, and a click on a verdict button reaches the
-verdicts CSV. The papermill run (tests/test_notebook.py) covers the headless path; this covers the one users see."""
+verdicts CSV and the summary of the verdicts below. The papermill run (tests/test_notebook.py) covers the headless
+path; this covers the one users see."""
 
 from __future__ import annotations
 
@@ -132,7 +133,7 @@ def chromium(tmp_path):
         browser.quit()
 
 
-def test_the_scan_view_draws_in_jupyterlab_and_a_verdict_click_reaches_the_csv(lab, chromium):
+def test_the_scan_view_draws_in_jupyterlab_and_a_verdict_click_reaches_the_csv_and_the_summary(lab, chromium):
     from selenium.webdriver.common.by import By
 
     url, folder = lab
@@ -161,6 +162,12 @@ def test_the_scan_view_draws_in_jupyterlab_and_a_verdict_click_reaches_the_csv(l
         errors = chromium.find_elements(By.CSS_SELECTOR, ".jp-OutputArea-output[data-mime-type*='error']")
         assert not errors, errors[0].text[:2000]
 
+        # The verdicts so far, drawn by the cell below the scan view before any click: no case yet.
+        cases = """const row = [...document.querySelectorAll('.widget-html table tr')]
+            .find(r => r.querySelector('th') && r.querySelector('th').textContent.trim() === 'cases');
+            return row ? row.querySelector('td').textContent.trim() : null;"""
+        _wait_for(lambda: chromium.execute_script(cases), 120, "the verdicts summary below the scan view")
+        assert chromium.execute_script(cases) == "0"
         scan = scans_by_probability(review.open_predict_run(folder / "outputs" / "demo"))[0]  # the view's first
         button.click()
         verdicts = review.verdicts_path(folder / "outputs" / "review", REVIEWER)
@@ -173,6 +180,7 @@ def test_the_scan_view_draws_in_jupyterlab_and_a_verdict_click_reaches_the_csv(l
 
         _wait_for(recorded, 60, f"the click's verdict on {scan} in {verdicts}")
         assert pd.read_csv(verdicts)["reviewer"].eq(REVIEWER).all()
+        _wait_for(lambda: chromium.execute_script(cases) == "1", 30, "the verdicts summary to count the click")
     except BaseException:
         chromium.save_screenshot(str(folder / "browser.png"))
         print(f"screenshot: {folder / 'browser.png'}; server log: {folder / 'jupyter.log'}")

@@ -29,6 +29,7 @@ from vit_ct.metrics.localisation import (
 from vit_ct.metrics.schema import PREDICTIONS, REVIEW
 from vit_ct.predict.writer import PredictionWriter
 from vit_ct.review import figures as review_figures
+from vit_ct.review.verdicts import read_verdicts
 
 WINDOWS = {"data": {"init_args": {"windows": ["brain", "subdural"]}}}
 
@@ -412,6 +413,62 @@ def test_scan_view_marks_the_peak_and_headless_gives_each_scans_figure(predict_r
     assert len(figures) == len(scans) and all(isinstance(f, Figure) for f in figures)
 
 
+@pytest.mark.parametrize("n_slices", [1, 3, 7])
+def test_the_scan_views_slice_axis_shows_whole_slices_only(predict_run, n_slices):
+    """The tick labels as drawn, for scans of 1, 3 and 7 slices: every slice its whole number, no 1.5 (a one-slice
+    scan once had ticks at 0.960, 0.975, ...)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    slices = predict_run.slices  # the test split's slices, taken again where it has fewer
+    rows = slices.iloc[[i % len(slices) for i in range(n_slices)]].assign(**{PREDICTIONS.scan: "made-up scan"})
+    rows["order"] = range(n_slices)
+    figure = review.plot_scan(dataclasses.replace(predict_run, slices=rows, scans=None), "made-up scan")
+    FigureCanvasAgg(figure).draw()
+    axis = figure.axes[1]
+    low, high = axis.get_xlim()
+    labels = [tick.get_text() for tick in axis.get_xticklabels() if low <= tick.get_position()[0] <= high]
+    assert [int(label) for label in labels if label.isdigit()] == list(range(1, n_slices + 1)), labels
+
+
+def _summary_shown(view) -> dict[str, str]:
+    """The rows of the verdicts summary widget as its HTML shows them: name -> text."""
+    import re
+
+    return dict(re.findall(r"<th>([^<]+)</th>\s*<td>([^<]*)</td>", view.value))
+
+
+def test_the_verdicts_summary_follows_every_click_and_keeps_the_earlier_verdicts(predict_run, tmp_path):
+    path = tmp_path / "verdicts.csv"
+    verdicts = review.Verdicts(path, "reader-1")
+    verdicts.record("judged last week", map="elsewhere", label="disagree", note='a, "quoted" note')
+    slices = predict_run.slices  # two scans: the test split's slices twice
+    two = pd.concat([slices.assign(**{PREDICTIONS.scan: name}) for name in ("scan-a", "scan-b")], ignore_index=True)
+    two["order"] = two.groupby(PREDICTIONS.scan).cumcount()
+    browser = review.scan_browser(dataclasses.replace(predict_run, slices=two, scans=None), verdicts, interactive=True)
+    summary = review.verdicts_so_far(verdicts, interactive=True)  # drawn before any click, as the notebook runs it
+    assert _summary_shown(summary)["cases"] == "1"
+    controls = {getattr(w, "description", ""): w for box in browser.children for w in getattr(box, "children", [box])}
+    first, second = controls["scan"].options[:2]
+
+    controls["map"].value = "on the lesion"  # a click on a verdict button
+    shown = _summary_shown(summary)
+    assert shown["cases"] == "2" and shown["pointing"] == "50%" and shown["disputed"] == "judged last week"
+    controls["label"].value = "agree"  # the same scan again: still two cases
+    shown = _summary_shown(summary)
+    assert shown["cases"] == "2" and shown["label_agreement"] == "50%"
+    controls["scan"].value = second
+    controls["map"].value = "elsewhere"
+    shown = _summary_shown(summary)
+    assert shown["cases"] == "3" and shown["disputed"] == f"judged last week, {second}"
+    assert shown["map_verdicts"] == "on the lesion 1, near it 0, elsewhere 2, no lesion visible 0"
+
+    written = read_verdicts(path).set_index("case")  # every verdict on disk, the earlier one as it was
+    assert list(written.index) == ["judged last week", first, second]
+    assert written.loc["judged last week", "note"] == 'a, "quoted" note'
+    assert (written.loc[first, "map"], written.loc[first, "label"]) == ("on the lesion", "agree")
+    assert review.verdicts_so_far(verdicts, interactive=False)["cases"] == 3  # headless: the summary as it stands
+
+
 def test_a_verdict_click_reaches_the_csv_at_once_and_reopening_restores_it(predict_run, tmp_path):
     path = tmp_path / "verdicts.csv"
     browser = review.scan_browser(predict_run, review.Verdicts(path, "reader-1"), interactive=True)
@@ -439,13 +496,16 @@ def test_the_notebooks_scan_cell_keeps_a_reviewer_named_like_a_path_in_the_revie
                  "predict_output": str(predict_run.folder), "window": "brain",
                  "display": lambda *x: shown.extend(x)}  # fmt: skip
     exec(cells["scans"], namespace)
-    controls = {getattr(w, "description", ""): w for box in shown[0].children for w in getattr(box, "children", [box])}
+    exec(cells["verdicts"], namespace)  # "Run all": the summary is drawn before the reviewer's first click
+    browser, summary = shown
+    assert _summary_shown(summary)["cases"] == "0"
+    controls = {getattr(w, "description", ""): w for box in browser.children for w in getattr(box, "children", [box])}
     controls["map"].value = "on the lesion"
     written = review.verdicts_path(tmp_path / "review", "dr/smith")
     assert [p for p in (tmp_path / "review").rglob("*") if not p.name.startswith(".")] == [written]
     assert pd.read_csv(written)["reviewer"].tolist() == ["dr/smith"]
-    exec(cells["verdicts"], namespace)
-    assert shown[-1]["cases"] == 1 and shown[-1]["pointing"] == 1.0
+    assert _summary_shown(summary)["cases"] == "1" and _summary_shown(summary)["pointing"] == "100%"
+    assert "dr/smith" in summary.value
 
 
 def test_predict_and_the_review_write_the_schemas_columns_with_the_same_values(tiny, predict_run):

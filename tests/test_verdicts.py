@@ -42,6 +42,37 @@ def test_two_writers_in_one_process_keep_each_others_verdicts(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == ["verdicts.csv"]
 
 
+def test_a_listener_sees_each_verdict_on_disk_and_a_failing_one_undoes_nothing(tmp_path):
+    path = tmp_path / "verdicts.csv"
+    verdicts = Verdicts(path, "alice")
+    seen = []
+    lock = tmp_path / ".verdicts.csv.lock"
+    verdicts.on_record(lambda case: seen.append((case, read_verdicts(path)["case"].tolist(), _free(lock))))
+    verdicts.record("s1", map="on the lesion")
+    verdicts.record("s2", label="agree")
+    assert seen == [("s1", ["s1"], True), ("s2", ["s1", "s2"], True)]  # written, the lock released, then told
+
+    def broken(case):
+        raise RuntimeError(f"the summary of {case} failed to draw")
+
+    verdicts.on_record(broken)
+    with pytest.raises(RuntimeError, match="s3"):
+        verdicts.record("s3", map="elsewhere")
+    assert read_verdicts(path)["case"].tolist() == ["s1", "s2", "s3"]  # the verdict stays written
+    Verdicts(path, "alice").record("s4", map="near it")  # another writer's verdicts tell this one's listeners nothing
+    assert [case for case, *_ in seen] == ["s1", "s2", "s3"]
+
+
+def _free(lock) -> bool:
+    from filelock import FileLock, Timeout
+
+    try:
+        with FileLock(lock, timeout=0):
+            return True
+    except Timeout:
+        return False
+
+
 def test_threads_writing_at_once_lose_nothing(tmp_path):
     path = tmp_path / "verdicts.csv"
     start = threading.Barrier(3)  # two writers and this thread, which lets them go together

@@ -15,7 +15,7 @@ from vit_ct.review.loading import (
     run_config,
 )
 from vit_ct.review.predict_run import PredictRun, open_predict_run
-from vit_ct.review.scan_view import plot_scan, scan_browser
+from vit_ct.review.scan_view import plot_scan, scan_browser, verdicts_so_far
 from vit_ct.review.summaries import (
     GROUPS,
     calibration_bins,
@@ -70,4 +70,5 @@ __all__ = [
     "summary_metrics",
     "verdict_summary",
     "verdicts_path",
+    "verdicts_so_far",
 ]

@@ -1,10 +1,13 @@
 """A whole scan as a radiologist reads it, from a ``vit-ct predict`` output: the slices in order with the rollout
 over them (opacity, window, map on or off), the probability along the scan with the scan's probability and its peak
-slice marked, and the reviewer's verdict buttons, each click written to the verdicts CSV at once. Headless
-(papermill, ``python -m vit_ct.review``) the static figure of each scan's peak slice instead.
+slice marked, and the reviewer's verdict buttons, each click written to the verdicts CSV at once; the summary of the
+verdicts so far follows the clicks. Headless (papermill, ``python -m vit_ct.review``) the static figure of each scan's
+peak slice instead, and the summary as it stands.
 """
 
 from __future__ import annotations
+
+import html
 
 import numpy as np
 import pandas as pd
@@ -16,7 +19,7 @@ from vit_ct.explain.overlay import render_overlay
 from vit_ct.metrics.schema import PREDICTIONS, SCANS
 from vit_ct.review.figures import is_headless
 from vit_ct.review.predict_run import PredictRun
-from vit_ct.review.verdicts import LABEL_VERDICTS, MAP_VERDICTS, Verdicts
+from vit_ct.review.verdicts import LABEL_VERDICTS, MAP_VERDICTS, Verdicts, verdict_summary
 
 
 def peak_slice(slices: pd.DataFrame) -> int:
@@ -52,8 +55,8 @@ def plot_scan(
     curve_ax.axhline(probs[peak], color="tab:red", linestyle="--", linewidth=1, label=f"scan {probs[peak]:.2f}")
     curve_ax.plot(peak + 1, probs[peak], marker="*", markersize=14, color="tab:red", linestyle="none", label="peak")
     curve_ax.axvline(position + 1, color="grey", linewidth=1)
-    curve_ax.set(xlabel="slice along the scan", ylabel="P(lesion)", ylim=(-0.02, 1.02))
-    curve_ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # slices are whole: no tick at 1.5
+    curve_ax.set(xlabel="slice along the scan", ylabel="P(lesion)", xlim=(0.5, len(probs) + 0.5), ylim=(-0.02, 1.02))
+    curve_ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))  # whole slices, one-slice scans too
     curve_ax.legend(loc="lower right", fontsize=8)
     return fig
 
@@ -136,3 +139,32 @@ def scans_by_probability(run: PredictRun) -> list[str]:
         raise ValueError(f"{run.folder} has no scans: predict whole scans, or a manifest with a scan or patient_id")
     peaks = run.slices.groupby(PREDICTIONS.scan)[SCANS.p_lesion].max().sort_values(ascending=False, kind="stable")
     return [str(s) for s in peaks.index]
+
+
+def verdicts_so_far(verdicts: Verdicts, *, interactive: bool | None = None):
+    """The summary of the reviewer's verdicts (:func:`~vit_ct.review.verdicts.verdict_summary`): an ipywidgets
+    ``HTML`` table drawn again after every verdict ``verdicts`` records (the scan view's clicks), read from the file
+    as it is then; headless (``interactive`` False, or None and headless) the summary's dict as it stands."""
+    if not (interactive if interactive is not None else not is_headless()):
+        return verdict_summary(verdicts.frame)
+    import ipywidgets as widgets
+
+    view = widgets.HTML(_summary_html(verdicts))
+    verdicts.on_record(lambda _case: setattr(view, "value", _summary_html(verdicts)))
+    return view
+
+
+def _summary_html(verdicts: Verdicts) -> str:
+    summary = verdict_summary(verdicts.frame)
+
+    def shown(value) -> str:
+        if isinstance(value, float):
+            return "n/a" if np.isnan(value) else f"{value:.0%}"  # no case to count yet
+        if isinstance(value, dict):
+            return ", ".join(f"{name} {count}" for name, count in value.items())
+        if isinstance(value, list):
+            return ", ".join(map(str, value)) or "none"
+        return str(value)
+
+    table = pd.Series({name: shown(value) for name, value in summary.items()}, dtype=object).to_frame("value")
+    return f"<b>verdicts of {html.escape(verdicts.reviewer)} so far</b>" + table.to_html(escape=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -57,7 +58,14 @@ class Verdicts:
     def __init__(self, path: str | os.PathLike, reviewer: str) -> None:
         self.path = Path(path)
         self.reviewer = _checked_reviewer(reviewer)
+        self._listeners: list[Callable[[str], None]] = []
         self._on_disk()  # a broken file, or another reviewer's, is refused now rather than at the first click
+
+    def on_record(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(case)`` after every verdict :meth:`record` writes, once the file holds it and the lock is
+        released (a summary that follows the clicks re-reads the file then); a listener that fails cannot undo the
+        write."""
+        self._listeners.append(listener)
 
     @property
     def frame(self) -> pd.DataFrame:
@@ -113,6 +121,8 @@ class Verdicts:
                 f"{self.path}: another writer has held {lock} for over {LOCK_TIMEOUT_S:.0f} s; the verdict on {case} "
                 "is not written: let that notebook or process finish (or stop it), then click again"
             ) from error
+        for listener in self._listeners:
+            listener(str(case))
 
 
 def read_verdicts(path: str | os.PathLike) -> pd.DataFrame:
