@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import TINY_MODEL_ARGS, run_vit_ct, tiny_data_args
+from conftest import TINY_MODEL_ARGS, load_benchmark, run_vit_ct, tiny_data_args
+from PIL import Image
 
 from vit_ct import review
 from vit_ct.review import notebook as review_notebook
@@ -185,3 +186,27 @@ def test_the_scan_view_draws_in_jupyterlab_and_a_verdict_click_reaches_the_csv_a
         chromium.save_screenshot(str(folder / "browser.png"))
         print(f"screenshot: {folder / 'browser.png'}; server log: {folder / 'jupyter.log'}")
         raise
+
+
+def test_the_report_opens_without_errors_and_its_first_screen_is_captured(tmp_path):
+    """``vit-ct report``'s page in headless Chromium: every figure decodes, the console logs no error, and the README's
+    picture script captures the first screen; a page with a broken figure is refused and leaves no picture."""
+    from test_report import fake_predict_output
+
+    from vit_ct.report.report_files import write_report
+
+    out, manifest = fake_predict_output(tmp_path)
+    page = write_report(out, manifest, tmp_path / "report", resamples=50)
+    screenshot = load_benchmark("report_screenshot")
+    png = tmp_path / "first_screen.png"
+    state = screenshot.main([str(page), "--output", str(png), "--width", "1000", "--height", "700"])
+    assert state["errors"] == [] and state["broken"] == []
+    assert state["images"] >= 4 and {"Detection", "Calibration"} <= set(state["headings"])
+    with Image.open(png) as picture:
+        assert picture.size == (1000, 700)
+
+    broken = tmp_path / "broken.html"
+    broken.write_text(page.read_text().replace("data:image/png;base64,", "data:image/png;base64,AAAA", 1))
+    with pytest.raises(SystemExit) as exit_info:
+        screenshot.main([str(broken), "--output", str(tmp_path / "none.png")])
+    assert exit_info.value.code == 1 and not (tmp_path / "none.png").exists()
