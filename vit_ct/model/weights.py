@@ -6,6 +6,7 @@ Channels, position-embedding grid and classifier head are adapted to the target 
 from __future__ import annotations
 
 import inspect
+import zipfile
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
@@ -17,6 +18,7 @@ from timm.models import VisionTransformer, adapt_input_conv
 
 from vit_ct.model import shipped
 from vit_ct.model.hparams import NETWORK
+from vit_ct.model.weights_input import read_checkpoint
 
 # Keys of the classifier heads: re-initialised when their shape differs from the target's.
 _HEAD_PREFIXES = ("head.", "patch_head.")
@@ -38,6 +40,8 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
             from safetensors.torch import load_file
 
             obj = load_file(str(path))
+        elif zipfile.is_zipfile(path):  # torch.save's archive; a vit-ct checkpoint is the one the command already read
+            obj = _checkpoint_or_archive(path)
         else:
             obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises several types for corrupt or unsafe files
@@ -51,6 +55,15 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     if any(k.startswith("vit.") for k in obj):  # a vit-ct checkpoint: the network lives under `vit.`
         obj = {k[4:] if k.startswith("vit.") else k: v for k, v in obj.items()}
     return obj
+
+
+def _checkpoint_or_archive(path: Path) -> dict:
+    """A vit-ct checkpoint from :func:`read_checkpoint`'s copy (each command reads it once: its input contract, its
+    run, its weights), any other ``torch.save`` archive memory-mapped."""
+    try:
+        return read_checkpoint(path)
+    except ValueError:  # no `state_dict`: a plain state dict, or a dict holding one under another key
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
 
 
 class StartWeights(NamedTuple):
