@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import wandb
 from conftest import quiet_trainer
 from lightning.pytorch.loggers import WandbLogger
 from predict_outputs import fake_predict_output
@@ -51,8 +52,16 @@ def test_the_report_reaches_the_fits_wandb_run(tmp_path, capsys):
     fit_files, wandb_files = files_of(latest.resolve()), files_of(fit_wandb)
     out, manifest = fake_predict_output(tmp_path)
 
-    main(["report", str(out), "--manifest", str(manifest), "--bootstrap", "50", "--wandb", str(latest)])
+    notebook = wandb.init(project="notebook", dir=str(tmp_path), id="notebook1")  # a run active in this process
+    try:
+        main(["report", str(out), "--manifest", str(manifest), "--bootstrap", "50", "--wandb", str(latest)])
+        notebook.log({"after_the_report": 1})  # still active, and not logged into: the report had its own session
+    finally:
+        notebook.finish()
     assert f"W&B run {run_id}" in capsys.readouterr().out
+    (notebook_file,) = (tmp_path / "wandb").glob("offline-run-*-notebook1/run-notebook1.wandb")
+    (logged,), _ = history_and_config(notebook_file)
+    assert not [key for key in logged if key.startswith("report/")] and logged["after_the_report"] == 1
     record = json.loads((out / "report" / "report.json").read_text())
 
     # One W&B run: the report's session has the fit's id (offline, a second folder of that run); the fit's files

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from vit_ct.run.wandb_runs import quiet_wandb_unless_configured, use_wandb_offline_unless_configured
+from vit_ct.report.report_files import FIGURES, REPORT_JSON
 
 SECTIONS = ("slice", "scan", "calibration", "maps")  # the sections of report.json whose entries are figures
 TABLE_COLUMNS = ["model", "section", "figure", "value", "ci95_low", "ci95_high", "n"]
@@ -101,17 +101,20 @@ def log_report(report_dir: str | os.PathLike, run: FitRun) -> Path:
     unless the user configured W&B): ``report/<figure>`` images (``report/roc``...), the ``report/figures`` table
     and the summary values of :func:`summary_values`. Returns the W&B folder this session wrote."""
     report_dir = Path(report_dir)
-    record = json.loads((report_dir / "report.json").read_text())
-    use_wandb_offline_unless_configured()
-    quiet_wandb_unless_configured()
+    record = json.loads((report_dir / REPORT_JSON).read_text())
     import wandb
 
+    # here, not at the top: it imports Lightning, which a report without --wandb never needs
+    from vit_ct.run.wandb_runs import quiet_wandb_unless_configured, use_wandb_offline_unless_configured
+
+    use_wandb_offline_unless_configured()
+    quiet_wandb_unless_configured()
     # resume="allow": online, the run continues (and is made with this id if it was never synced); offline, W&B
     # writes a new folder with the run's id, which `wandb sync` uploads into the same run after the fit's.
-    with wandb.init(
-        id=run.run_id, project=run.project, entity=run.entity, dir=str(run.save_dir), resume="allow"
-    ) as session:
-        images = {f"report/{png.stem}": wandb.Image(str(png)) for png in sorted((report_dir / "figures").glob("*.png"))}
+    # reinit="create_new": a run still active in this process (a notebook's) is neither returned nor finished.
+    with wandb.init(id=run.run_id, project=run.project, entity=run.entity, dir=str(run.save_dir), resume="allow",
+                    reinit="create_new") as session:  # fmt: skip
+        images = {f"report/{png.stem}": wandb.Image(str(png)) for png in sorted((report_dir / FIGURES).glob("*.png"))}
         session.log({**images, "report/figures": wandb.Table(columns=TABLE_COLUMNS, data=figure_rows(record))})
         session.summary.update(summary_values(record))
         return Path(session.dir).parent
