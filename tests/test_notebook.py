@@ -1,26 +1,35 @@
 """``notebooks/attention_review.ipynb``: committed clean, calls only the package, and runs headless with papermill on
-a checkpoint trained by the real ``vit-ct fit``, exporting its figures and CSVs and rendering to HTML."""
+a checkpoint trained by the real ``vit-ct fit``, exporting its figures and CSVs and rendering to HTML; its report cell
+shows the ``vit-ct report`` of the predict output it opens."""
 
 from __future__ import annotations
 
 import ast
+import base64
 import json
 import os
 from pathlib import Path
 
 import nbformat
+import numpy as np
 import pandas as pd
 import pytest
 from conftest import TINY_MODEL_ARGS, run_vit_ct, tiny_data_args
 from PIL import Image
+from predict_outputs import fake_predict_output
+from sklearn.metrics import roc_auc_score
 
 from vit_ct import review
+from vit_ct.cli import main
+from vit_ct.report import report_files
 from vit_ct.review import figures as review_figures
 from vit_ct.review import notebook as review_notebook
+from vit_ct.review import report_view
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "attention_review.ipynb"
 PARAMETERS = {"ckpt_path", "manifest", "split", "output_dir", "n_cases", "window", "batch_size", "flagged"}
+PARAMETERS |= {"predict_output", "report_dir"}  # the predict output the scan view and the report cell open
 FIGURES = ("summary", "gallery", "case", "heads", "blocks", "windows")
 
 
@@ -115,3 +124,88 @@ def test_a_cell_past_its_timeout_stops_the_run_and_the_cells_before_it_are_kept(
     monkeypatch.setattr(review_notebook, "execute_notebook", stuck)
     with pytest.raises(SystemExit, match="ran longer than --cell_timeout 3 s.*cells before it are in"):
         review_notebook.main(["--output_dir", "out", "--cell_timeout", "3"])
+
+
+def report_cell(predict_output, report_dir=None) -> list:
+    """The notebook's own report cell, run as the kernel runs it (``review`` and ``display`` from the setup cell);
+    returns what it displayed."""
+    shown = []
+    namespace = {"review": review, "display": lambda *x: shown.extend(x), "predict_output": predict_output,
+                 "report_dir": report_dir}  # fmt: skip
+    exec(code_of(tagged(nbformat.read(NOTEBOOK, as_version=4), "report")), namespace)
+    return shown
+
+
+def test_the_report_cell_shows_the_report_of_the_predict_output_it_opens(tmp_path, capsys):
+    out, manifest = fake_predict_output(tmp_path)
+    predictions = pd.read_csv(out / "predictions.csv")
+    cnn = predictions[["image"]].assign(prob=np.random.default_rng(5).random(len(predictions)))
+    cnn.to_csv(tmp_path / "cnn.csv", index=False)
+    assert report_cell(str(out)) == []  # no report yet: the command that writes it, with the run's manifest
+    assert capsys.readouterr().out.strip() == (
+        f"no evidence report in {out / 'report'}: `vit-ct report {out} --manifest {manifest}` writes it"
+    )
+    main(
+        [
+            "report",
+            str(out),
+            "--manifest",
+            str(manifest),
+            "--bootstrap",
+            "50",
+            "--compare",
+            f"cnn={tmp_path / 'cnn.csv'}",
+        ]
+    )
+    record = json.loads((out / "report" / "report.json").read_text())
+
+    headline, *images = report_cell(str(out))
+    printed = capsys.readouterr().out
+    assert str(out / "report" / "report.html") in printed and "48 slices" in printed  # patients 4..15 x 4: test
+    test = predictions[predictions["image"].str[1:3].astype(int) >= 4]
+    auroc = headline.loc[("slice", "auroc")]
+    assert auroc["value"] == pytest.approx(roc_auc_score(test["label"], test["prob"]))
+    assert [auroc["ci95_low"], auroc["ci95_high"], auroc["n"]] == [*record["slice"]["auroc"]["ci95"], len(test)]
+    assert auroc["cnn"] == record["compare"]["cnn"]["slice"]["auroc"]["value"]
+    pointing = record["maps"]["rollout"]["pointing"]
+    assert headline.loc[("maps/rollout", "pointing"), "value"] == pointing["value"]
+    assert headline.loc[("scan", "auroc"), "n"] == record["scan"]["auroc"]["n"]
+    assert np.isnan(headline.loc[("maps/rollout", "pointing"), "cnn"])  # the CNN has no maps
+    assert list(headline.index[:2]) == [("slice", "auroc"), ("slice", "average_precision")]
+    figures = sorted((out / "report" / "figures").glob("*.png"))
+    assert len(figures) == 4 and [image.data for image in images] == [png.read_bytes() for png in figures]
+
+    elsewhere = tmp_path / "elsewhere"  # a report folder named by report_dir: shown whatever predict_output is
+    main(["report", str(out), "--manifest", str(manifest), "--bootstrap", "20", "--output_dir", str(elsewhere)])
+    headline, *images = report_cell(None, str(elsewhere))
+    assert str(elsewhere / "report.html") in capsys.readouterr().out and len(images) == 4
+    with pytest.raises(ValueError, match=f"report_dir {tmp_path}: no report.json there"):
+        report_cell(str(out), str(tmp_path))
+    report_cell(None)
+    assert "`vit-ct report OUT --manifest M` writes OUT/report" in capsys.readouterr().out
+
+
+def test_the_review_reads_the_report_files_by_the_reports_own_names():
+    assert (report_view.REPORT_JSON, report_view.REPORT_HTML, report_view.FIGURES) == (
+        report_files.REPORT_JSON, report_files.REPORT_HTML, report_files.FIGURES)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_the_report_cell_draws_its_table_and_figures_in_a_kernel(tmp_path):
+    """The parameters and report cells of the notebook, after the setup cell's imports, run by the headless runner
+    (papermill, a real kernel): the table and each figure PNG are in the executed notebook's outputs."""
+    out, manifest = fake_predict_output(tmp_path)
+    main(["report", str(out), "--manifest", str(manifest), "--bootstrap", "20"])
+    committed = nbformat.read(NOTEBOOK, as_version=4)
+    imports = nbformat.v4.new_code_cell("from IPython.display import display\n\nfrom vit_ct import review")
+    cells = [imports, tagged(committed, "parameters"), tagged(committed, "report")]
+    nbformat.write(nbformat.v4.new_notebook(cells=cells, metadata=committed.metadata), tmp_path / "report.ipynb")
+
+    executed = review_notebook.execute_notebook(tmp_path / "run", {"predict_output": str(out)},
+                                                notebook=tmp_path / "report.ipynb")  # fmt: skip
+    outputs = tagged(nbformat.read(executed, as_version=4), "report").outputs
+    assert not [o for o in outputs if o.output_type == "error"]
+    assert any("slice" in o.get("data", {}).get("text/html", "") and "ci95_low" in o["data"]["text/html"]
+               for o in outputs)  # fmt: skip
+    shown = [base64.b64decode(o["data"]["image/png"]) for o in outputs if "image/png" in o.get("data", {})]
+    assert shown == [png.read_bytes() for png in sorted((out / "report" / "figures").glob("*.png"))]

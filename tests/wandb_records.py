@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 
 from wandb.proto import wandb_internal_pb2
@@ -65,3 +66,25 @@ def history_and_config(path: str | Path) -> tuple[list[dict], dict]:
             for item in record.run.config.update:
                 config[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
     return history, config
+
+
+def summary_of(path: str | Path) -> dict:
+    """The run's summary as its file leaves it: every update in order, the last value of a key winning (nested keys
+    joined by ``/``)."""
+    summary = {}
+    for record in read_records(path):
+        if record.WhichOneof("record_type") == "summary":
+            for item in record.summary.update:
+                summary[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
+    return summary
+
+
+def finished_records(path: str | Path, timeout_s: float = 60.0) -> list[wandb_internal_pb2.Record]:
+    """The records of a run file once it holds the run's end (its ``exit`` record): W&B's service process, not the
+    process that logged, writes the file, and may still be writing it after ``finish`` has returned."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        records = read_records(path) if Path(path).is_file() and Path(path).stat().st_size >= HEADER else []
+        if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.5)

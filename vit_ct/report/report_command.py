@@ -39,6 +39,9 @@ def report_parser() -> argparse.ArgumentParser:
                         f" patients (default {RESAMPLES})")  # fmt: skip
     parser.add_argument("--seed", type=int, default=SEED, help=f"the bootstrap's seed (default {SEED})")
     parser.add_argument("--overwrite", action="store_true", help="replace an --output_dir that holds other files")
+    parser.add_argument("--wandb", metavar="RUN", help="also log the figures, the figures table and the headline values"
+                        " into the W&B run of the `vit-ct fit` run folder RUN (e.g. runs/latest), resumed by its id;"
+                        " offline unless W&B is configured")  # fmt: skip
     return parser
 
 
@@ -61,8 +64,10 @@ def main(argv: list[str] | None = None) -> None:
     compare = parse_compare(parser, args.compare, args.name)
     output_dir = Path(args.output_dir) if args.output_dir else Path(args.predictions) / "report"
     from vit_ct.report.report_files import write_report  # here: --help answers without torch
+    from vit_ct.report.wandb_log import fit_run, log_report
 
     try:
+        wandb_run = fit_run(args.wandb) if args.wandb else None  # a bad RUN stops before the report is computed
         page = write_report(
             args.predictions,
             args.manifest,
@@ -74,6 +79,9 @@ def main(argv: list[str] | None = None) -> None:
             seed=args.seed,
             overwrite=args.overwrite,
         )
+        logged = log_report(page.parent, wandb_run) if wandb_run else None
     except (ValueError, OSError) as err:  # a missing column, a folder that is no predict output: the message names it
         parser.exit(2, f"vit-ct report: {err}\n")
     print(f"report written: {page} (and report.json, figures/ beside it)")
+    if logged:
+        print(f"logged into W&B run {wandb_run.run_id} of {args.wandb}: {logged}")

@@ -1,7 +1,8 @@
 """Reviewing a run, behind ``notebooks/attention_review.ipynb``: where the model and slices come from
 (:mod:`~vit_ct.review.loading`), the review table (:mod:`~vit_ct.review.table`) and what it says as a whole
 (:mod:`~vit_ct.review.summaries`), one case in depth and the export (:mod:`~vit_ct.review.cases`), figures and the case
-browser (:mod:`~vit_ct.review.figures`), the headless notebook runner (:mod:`~vit_ct.review.notebook`,
+browser (:mod:`~vit_ct.review.figures`), a predict output's evidence report as read from its files
+(:mod:`~vit_ct.review.report_view`), the headless notebook runner (:mod:`~vit_ct.review.notebook`,
 ``python -m vit_ct.review``), and the maps' model-randomisation check of a checkpoint
 (:mod:`~vit_ct.review.sanity_command`)."""
 
@@ -15,6 +16,7 @@ from vit_ct.review.loading import (
     run_config,
 )
 from vit_ct.review.predict_run import PredictRun, open_predict_run
+from vit_ct.review.report_view import EvidenceReport, missing_report, open_report
 from vit_ct.review.scan_view import plot_scan, scan_browser, verdicts_so_far
 from vit_ct.review.summaries import (
     GROUPS,
@@ -35,6 +37,7 @@ from vit_ct.review.verdicts import Verdicts, compare_reviewers, verdict_summary,
 
 __all__ = [
     "CaseMaps",
+    "EvidenceReport",
     "GROUPS",
     "METHODS",
     "PredictRun",
@@ -50,7 +53,9 @@ __all__ = [
     "gallery",
     "load_review",
     "localisation_summary",
+    "missing_report",
     "open_predict_run",
+    "open_report",
     "outcome",
     "pick_case",
     "plot_scan",
