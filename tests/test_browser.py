@@ -191,7 +191,7 @@ def test_the_scan_view_draws_in_jupyterlab_and_a_verdict_click_reaches_the_csv_a
 def test_the_report_opens_without_errors_and_its_first_screen_is_captured(tmp_path):
     """``vit-ct report``'s page in headless Chromium: every figure decodes, the console logs no error, and the README's
     picture script captures the first screen; a page with a broken figure is refused and leaves no picture."""
-    from test_report import fake_predict_output
+    from predict_outputs import fake_predict_output
 
     from vit_ct.report.report_files import write_report
 
