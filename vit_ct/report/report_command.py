@@ -12,6 +12,7 @@ import argparse
 from pathlib import Path
 
 RESAMPLES, SEED = 1000, 0  # vit_ct.report.bootstrap's, restated for --help (tests/test_report.py checks them equal)
+SANITY_SLICES = 16  # vit_ct.report.map_sanity's, restated for --help (tests/test_report_sanity.py checks them equal)
 SPLITS = ("test", "val", "train", "all")
 
 
@@ -39,6 +40,12 @@ def report_parser() -> argparse.ArgumentParser:
                         f" patients (default {RESAMPLES})")  # fmt: skip
     parser.add_argument("--seed", type=int, default=SEED, help=f"the bootstrap's seed (default {SEED})")
     parser.add_argument("--overwrite", action="store_true", help="replace an --output_dir that holds other files")
+    parser.add_argument("--ckpt_path", metavar="CKPT", help="the checkpoint OUT was predicted with: adds the maps'"
+                        " model-randomisation sanity check (Adebayo et al. 2018): the attention rollout against the"
+                        " image as a map, each through the model's parts re-initialised top down")  # fmt: skip
+    parser.add_argument("--sanity_slices", type=int, default=SANITY_SLICES, metavar="N", help="slices the"
+                        " sanity check runs on, the reported split's first in manifest order (default"
+                        f" {SANITY_SLICES})")  # fmt: skip
     return parser
 
 
@@ -73,6 +80,8 @@ def main(argv: list[str] | None = None) -> None:
             resamples=args.bootstrap,
             seed=args.seed,
             overwrite=args.overwrite,
+            ckpt_path=args.ckpt_path,
+            sanity_slices=args.sanity_slices,
         )
     except (ValueError, OSError) as err:  # a missing column, a folder that is no predict output: the message names it
         parser.exit(2, f"vit-ct report: {err}\n")
