@@ -49,7 +49,8 @@ DEFINITIONS = {
     "maps": "per slice with a lesion mask, averaged: pointing (map maximum within the tolerance of the lesion), energy "
     "(share of the map's mass on the lesion), mask fraction (the lesion's share of the head: chance energy), energy "
     "ratio (mean energy / mean mask fraction), in-head pixel AUROC, Dice and HD95 of the map's half-maximum region; "
-    "perfect_patch: the mask pooled to the patch grid, the ceiling",
+    "perfect_patch: the mask pooled to the patch grid, the ceiling; floor_image: the slice's first window as the map, "
+    "floor_head: the head mask (chance), the floors a map must beat",
     "map sanity check": "model randomisation (Adebayo et al. 2018): the checkpoint's parts re-initialised top down "
     "(head, each block, patch embedding, position embedding); per step, Spearman's rank correlation (ρ) of each "
     "slice's map with the trained model's, inside the head, and the share of slices whose map maximum left its patch; "
