@@ -14,7 +14,7 @@ import torch
 
 from vit_ct.data.transforms.model_input import apply_windows, grid_hu
 from vit_ct.explain.maps import explain_gradient_rollout
-from vit_ct.explain.sanity import RandomisationCheck, model_randomisation, rollout_map
+from vit_ct.explain.sanity import RandomisationCheck, image_map, model_randomisation, rollout_map
 from vit_ct.model import ViTClassifier, shipped
 from vit_ct.run.hardware import describe_machine
 from vit_ct.run.records import RECORDS, command_line, table, write_record
@@ -29,7 +29,7 @@ patient), simulated in memory and read as the weights read them.
 METHODS = {
     "rollout": rollout_map,
     "gradient rollout": lambda network, images: explain_gradient_rollout(network, images, target=1),
-    "floor: image": lambda network, images: images[:, 0],
+    "floor: image": image_map,
 }
 
 

@@ -43,6 +43,12 @@ def rollout_map(network: nn.Module, images: torch.Tensor) -> torch.Tensor:
     return network.explain(images)[1]
 
 
+def image_map(network: nn.Module, images: torch.Tensor) -> torch.Tensor:
+    """The image floor: the slice's first window as its own map, ``(B, S, S)``. It reads no weight, so the check must
+    FAIL it (the paper's contrast: an edge detector passes no model-randomisation check)."""
+    return images[:, 0]
+
+
 def rank_correlation(maps: torch.Tensor, reference: torch.Tensor, region: torch.Tensor | None = None) -> torch.Tensor:
     """Spearman's rank correlation of each map with its reference, over the ``region`` pixels of each.
 

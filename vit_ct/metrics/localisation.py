@@ -300,10 +300,15 @@ class LocalisationMetrics(Metric):
 
 
 def scores_per_slice(
-    maps: dict[str, torch.Tensor], batch: dict, *, tolerance_mm: float, sources: tuple[str, ...] = MAP_SOURCES
+    maps: dict[str, torch.Tensor],
+    batch: dict,
+    *,
+    tolerance_mm: float,
+    sources: tuple[str, ...] = MAP_SOURCES,
+    surface_distance: tuple[str, ...] = SURFACE_DISTANCE_SOURCES,
 ) -> dict[str, torch.Tensor]:
     """Every slice's localisation scores ``{source}_{score}`` (:data:`SCORES`), ``(B,)`` float64 each, scored exactly
-    as :class:`LocalisationMetrics` scores them (HD95 only for :data:`SURFACE_DISTANCE_SOURCES`, as ``hd95_mm``, or
+    as :class:`LocalisationMetrics` scores them (HD95 only for ``surface_distance``, as ``hd95_mm``, or
     as ``hd95_px`` on slices without a pixel spacing, with a warning saying so once); NaN on the slices it skips (no
     known, non-empty lesion mask): what ``vit-ct predict`` writes and the review lists. A source ``maps`` lacks
     (``perfect_grid`` of a rollout on the patch grid) gets no columns.
@@ -314,6 +319,7 @@ def scores_per_slice(
             ``source_shape``).
         tolerance_mm: Pointing-game tolerance (in source pixels on slices without a pixel spacing).
         sources: The map sources to score.
+        surface_distance: The sources HD95 is computed for (~20 ms a slice); the report adds the image floor.
     """
     mask, head = batch["mask"][:, 0], batch["head"][:, 0]
     n, device = len(mask), mask.device
@@ -323,7 +329,7 @@ def scores_per_slice(
     for source in sources:
         scored, scores = score_slices(
             maps[source], mask, head, known=batch["has_mask"], tolerance_px=tolerance_mm / spacing,
-            spacing_mm=spacing, in_mm=in_mm, surface_distance=source in SURFACE_DISTANCE_SOURCES,
+            spacing_mm=spacing, in_mm=in_mm, surface_distance=source in surface_distance,
         )  # fmt: skip
         for name in SCORES:
             column = torch.full((n,), float("nan"), dtype=torch.float64, device=device)

@@ -24,7 +24,7 @@ from vit_ct.report.inputs import (
     join,
     scan_table,
 )
-from vit_ct.report.map_quality import lesion_areas, map_scores, pointing_by_size
+from vit_ct.report.map_quality import floor_scores, lesion_areas, map_scores, pointing_by_size
 from vit_ct.report.subgroups import dicom_fields, subgroups
 
 WORST = 5  # most confident false positives and false negatives shown
@@ -131,9 +131,16 @@ def worst_cases(rows: pd.DataFrame, n: int = WORST) -> dict[str, list[dict]]:
 
 
 def model_evidence(
-    predictions: ModelPredictions, manifest: pd.DataFrame, *, split: str | None, resamples: int, seed: int
+    predictions: ModelPredictions,
+    manifest: pd.DataFrame,
+    *,
+    split: str | None,
+    resamples: int,
+    seed: int,
+    tolerance_mm: float,
 ) -> ModelEvidence:
-    """Every section of one model's report (see :class:`ModelEvidence`)."""
+    """Every section of one model's report (see :class:`ModelEvidence`); ``tolerance_mm``: the pointing game's, for
+    the floors the report scores itself (:func:`~vit_ct.report.map_quality.floor_scores`)."""
     slices = join(predictions, manifest)
     in_split, split = split_rows(slices, split)
     rows = labelled(lesion_areas(dicom_fields(in_split)))
@@ -142,7 +149,8 @@ def model_evidence(
         slice_metrics, curves["slice"] = level_figures(rows, calibration=True, resamples=resamples, seed=seed)
         val = labelled(slices[slices[SPLIT] == "val"]) if split != "val" else rows.iloc[:0]
         calibration = calibration_section(rows, val, slice_metrics, resamples=resamples, seed=seed)
-        maps = map_scores(rows, resamples=resamples, seed=seed)
+        floors = floor_scores(rows, manifest, predictions.info.get("input"), tolerance_mm=tolerance_mm)
+        maps = map_scores(floors, resamples=resamples, seed=seed)
         if maps:
             maps["pointing_by_lesion_size"] = pointing_by_size(rows, resamples=resamples, seed=seed)
         groups, worst = subgroups(rows, slice_metrics, resamples=resamples, seed=seed), worst_cases(rows)

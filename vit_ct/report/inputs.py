@@ -27,6 +27,7 @@ MAX_LEVELS = 12  # a manifest column with 2..12 distinct values (fewer than its 
 P_LESION, POSITIVE, PATIENT, SCAN, SPLIT = "p_lesion", "positive", "patient", "scan", "split"
 SCAN_POSITIVE = "scan_positive"
 IMAGE_PATH, MASK_PATH, OVERLAY_PATH, SPACING = "image_path", "mask_path", "overlay_path", "pixel_spacing_mm"
+MANIFEST_ROW = "manifest_row"  # the slice's row (position) in the manifest table, to read it as the model did
 
 
 @dataclass
@@ -115,8 +116,9 @@ def join(predictions: ModelPredictions, manifest: pd.DataFrame) -> pd.DataFrame:
     """One row per predicted slice with its P(lesion), the manifest's truth and where it belongs:
     ``image``, ``p_lesion``, ``positive`` (bool, <NA> unlabelled), ``patient`` (``patient_id``, else the scan, else the
     image: a row is its own patient), ``scan`` (None without a scan or patient), ``split``, ``image_path``,
-    ``mask_path``, ``overlay_path``, ``pixel_spacing_mm``, the map score columns of the predictions and the manifest's
-    subgroup columns (``attrs["subgroups"]``), and ``scan_positive``: the slice's scan label (<NA> without one).
+    ``mask_path``, ``overlay_path``, ``pixel_spacing_mm``, ``manifest_row`` (the row's position in ``manifest``), the
+    map score columns of the predictions and the manifest's subgroup columns (``attrs["subgroups"]``), and
+    ``scan_positive``: the slice's scan label (<NA> without one).
 
     Raises:
         ValueError: a predicted slice the manifest does not list, naming both files.
@@ -144,6 +146,7 @@ def join(predictions: ModelPredictions, manifest: pd.DataFrame) -> pd.DataFrame:
     out[PATIENT] = rows["patient_id"].astype(str).to_numpy() if has_patient else (out[SCAN] if key else out["image"])
     out[SPLIT] = rows["split"].to_numpy() if "split" in rows else None
     out[IMAGE_PATH] = rows["image"].to_numpy()
+    out[MANIFEST_ROW] = where[keys].to_numpy()
     out[MASK_PATH] = rows["mask"].to_numpy() if "mask" in rows else None
     out[SPACING] = rows[SPACING].to_numpy(float) if SPACING in rows else np.nan
     if "slice" in rows:

@@ -1,28 +1,66 @@
 """Do the maps point at the lesion? The per-slice localisation scores ``predict`` writes (``<map>_<score>`` columns of
-``predictions.csv``: :mod:`vit_ct.metrics.localisation`), averaged over the slices with a lesion mask, with their
-intervals; the pointing game by lesion-size quartile; each slice's lesion size from its mask.
+``predictions.csv``: :mod:`vit_ct.metrics.localisation`), and the floors' it does not write (scored here on the slices
+read as the model read them), averaged over the slices with a lesion mask, with their intervals; the pointing game by
+lesion-size quartile; each slice's lesion size from its mask.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import torch
 
 from vit_ct.data.io.reader import load_mask
-from vit_ct.metrics.localisation import MAP_SOURCES
+from vit_ct.data.loading.slice_dataset import CTSliceDataset, collate
+from vit_ct.data.transforms.contract import InputContract
+from vit_ct.metrics.localisation import MAP_SOURCES, scores_per_slice
 from vit_ct.metrics.schema import PREDICTIONS
 from vit_ct.report.bootstrap import Metric, PatientBootstrap, estimate, patient_bootstrap
-from vit_ct.report.inputs import MASK_PATH, PATIENT, SPACING
+from vit_ct.report.inputs import MANIFEST_ROW, MASK_PATH, PATIENT, SPACING
 
 # the scores shown, in this order; energy_ratio = mean energy / mean mask fraction (1 is chance), as test/ logs it
 MAP_SCORES = ("pointing", "energy", "mask_fraction", "energy_ratio", "pixel_auroc", "dice", "hd95_mm", "hd95_px")
 LESION_AREA_PX, LESION_AREA_MM2 = "lesion_area_px", "lesion_area_mm2"
+FLOORS = ("floor_image", "floor_head")  # maps that read no weight: the image's first window, the head mask
 
 
 def scored_slices(slices: pd.DataFrame) -> pd.DataFrame:
     """The slices whose rollout was scored against a lesion mask (a known, non-empty mask in the head)."""
     column = PREDICTIONS.score("rollout", "pointing")
     return slices[slices[column].notna()] if column in slices else slices.iloc[:0]
+
+
+def floor_scores(
+    slices: pd.DataFrame, manifest: pd.DataFrame, contract: dict | None, *, tolerance_mm: float, batch_size: int = 16
+) -> pd.DataFrame:
+    """``slices`` with the floors' score columns (:data:`FLOORS`, as :func:`vit_ct.explain.maps.localisation_maps`
+    makes them; HD95 too) on the slices whose rollout was scored, where the predictions lack them: each slice read
+    from ``manifest`` (``manifest_row``) as the model read it (``contract``: ``run.json``'s ``input``), scored by
+    :func:`~vit_ct.metrics.localisation.scores_per_slice` as ``predict`` scores the rollout. Unchanged without a
+    contract (another model's CSV) or a scored slice.
+    """
+    scored = scored_slices(slices)
+    missing = [f for f in FLOORS if PREDICTIONS.score(f, "pointing") not in slices]
+    if scored.empty or not missing or not contract or contract.get("windows") is None:
+        return slices
+    contract = InputContract.from_dict(contract)
+    table = manifest.iloc[scored[MANIFEST_ROW].to_numpy()]
+    dataset = CTSliceDataset(table, windows=contract.windows, img_size=contract.img_size,
+                             label_columns=manifest.attrs.get("label_columns"),
+                             read_options=contract.read_options)  # fmt: skip
+    columns: dict[str, list[torch.Tensor]] = {}
+    for start in range(0, len(dataset), batch_size):
+        batch = collate([dataset[i] for i in range(start, min(start + batch_size, len(dataset)))])
+        maps = {"floor_image": batch["image"][:, 0].float(), "floor_head": batch["head"][:, 0].float()}
+        scores = scores_per_slice(maps, batch, tolerance_mm=tolerance_mm, sources=tuple(missing),
+                                  surface_distance=("floor_image",))  # fmt: skip
+        for name, values in scores.items():
+            columns.setdefault(name, []).append(values)
+    out = slices.copy()
+    for name, parts in columns.items():
+        out[name] = np.nan
+        out.loc[scored.index, name] = torch.cat(parts).cpu().numpy()
+    return out
 
 
 def map_statistic(table: pd.DataFrame, columns: list[str]):

@@ -10,6 +10,7 @@ from pathlib import Path
 from vit_ct.report.calibration import BINS
 from vit_ct.report.detection import SPECIFICITIES, operating_point
 from vit_ct.report.map_quality import MAP_SCORES
+from vit_ct.report.map_sanity import FIGURES
 from vit_ct.report.subgroups import MIN_CASES
 
 STYLE = """
@@ -48,7 +49,13 @@ DEFINITIONS = {
     "maps": "per slice with a lesion mask, averaged: pointing (map maximum within the tolerance of the lesion), energy "
     "(share of the map's mass on the lesion), mask fraction (the lesion's share of the head: chance energy), energy "
     "ratio (mean energy / mean mask fraction), in-head pixel AUROC, Dice and HD95 of the map's half-maximum region; "
-    "perfect_patch: the mask pooled to the patch grid, the ceiling",
+    "perfect_patch: the mask pooled to the patch grid, the ceiling; floor_image: the slice's first window as the map, "
+    "floor_head: the head mask (chance), the floors a map must beat",
+    "map sanity check": "model randomisation (Adebayo et al. 2018): the checkpoint's parts re-initialised top down "
+    "(head, each block, patch embedding, position embedding); per step, Spearman's rank correlation (ρ) of each "
+    "slice's map with the trained model's, inside the head, and the share of slices whose map maximum left its patch; "
+    "PASS when, fully randomised, mean ρ < 0.5 and at least half the maxima moved. The image floor reads no weight: "
+    "it must FAIL",
     "subgroups": f"slices of one level of a manifest column, DICOM header field or lesion-area quartile; under "
     f"{MIN_CASES} slices only the count; verdict: lower / higher when the level's AUROC interval (sensitivity where it "
     "has no negatives, specificity where it has no positives) excludes the overall value",
@@ -98,6 +105,28 @@ def _maps(models: list) -> str:
     return out + (_table(["model", "lesion area quartile", "rollout pointing"], sizes) if sizes else "")
 
 
+def _sanity(sanity: dict | None, figures: dict[str, bytes]) -> str:
+    if sanity is None:
+        return ("<p>Not run: add <code>--ckpt_path CKPT</code> (the checkpoint the predictions were made with) to check"
+                " that the maps change when the model's weights are randomised.</p>")  # fmt: skip
+    rows, pictures = [], []
+    for method, check in sanity["methods"].items():
+        last, criteria = check["steps"][-1], check["criteria"]
+        verdict = f"<b>{check['verdict']}</b>" if check["verdict"] == "PASS" else check["verdict"]
+        low, high = last["spearman_q10_q90"]
+        rho = f'{last["spearman_mean"]:.3f} <span class="ci">[q10-q90 {low:.2f}, {high:.2f}] n={check["slices"]}</span>'
+        rule = f"ρ &lt; {criteria['spearman_mean_below']}, moved &ge; {criteria['moved_at_least']:.0%}"
+        changed = html.escape(str(check["first_changed"] or "never"))
+        rows.append([html.escape(method), verdict, rho, f"{last['moved']:.0%}", changed, rule])
+        file = FIGURES.get(method)
+        if file in figures:
+            pictures.append(_img(figures[file], f"{method}: maps per randomisation step"))
+    settings = (f"checkpoint {sanity['ckpt_path']}; the first {sanity['slices']} slices of the {sanity['split']}"
+                f" split, seed {sanity['seed']}; {sanity['checked']}")  # fmt: skip
+    header = ["map", "verdict", "mean ρ, fully randomised", "maxima moved", "changed from step", "pass when"]
+    return f"<p>{html.escape(settings)}</p>" + _table(header, rows) + "".join(pictures)
+
+
 def _subgroups(model) -> str:
     parts = []
     for column, levels in model.sections["subgroups"].items():
@@ -129,8 +158,11 @@ def _cases(model) -> str:
     return f'<div class="cases">{"".join(parts)}</div>'
 
 
-def report_page(models: list, figures: dict[str, bytes], *, title: str, settings: str) -> str:
-    """The whole page: models' figures side by side, the figures' PNGs, the worst cases, the definitions."""
+def report_page(
+    models: list, figures: dict[str, bytes], *, title: str, settings: str, sanity: dict | None = None
+) -> str:
+    """The whole page: models' figures side by side, the figures' PNGs, the map sanity check (``report.json``'s
+    ``sanity``), the worst cases, the definitions."""
     first = models[0].sections
     temperature = [[html.escape(m.name), f"{m.sections['calibration']['temperature']:.3f}",
                     str(m.sections['calibration']['fitted_on'])] for m in models
@@ -154,6 +186,7 @@ def report_page(models: list, figures: dict[str, bytes], *, title: str, settings
              _maps(models)]  # fmt: skip
     if "pointing_by_size.png" in figures:
         body.append(_img(figures["pointing_by_size.png"], "pointing by lesion size"))
+    body += ["<h2>Map sanity check</h2>", _sanity(sanity, figures)]
     for model in models:
         body += [f"<h2>Subgroups: {html.escape(model.name)}</h2>", _subgroups(model)]
     for model in models:

@@ -12,6 +12,7 @@ import argparse
 from pathlib import Path
 
 RESAMPLES, SEED = 1000, 0  # vit_ct.report.bootstrap's, restated for --help (tests/test_report.py checks them equal)
+SANITY_SLICES = 16  # vit_ct.report.map_sanity's, restated for --help (tests/test_report_sanity.py checks them equal)
 SPLITS = ("test", "val", "train", "all")
 
 
@@ -42,6 +43,12 @@ def report_parser() -> argparse.ArgumentParser:
     parser.add_argument("--wandb", metavar="RUN", help="also log the figures, the figures table and the headline values"
                         " into the W&B run of the `vit-ct fit` run folder RUN (e.g. runs/latest), resumed by its id;"
                         " offline unless W&B is configured")  # fmt: skip
+    parser.add_argument("--ckpt_path", metavar="CKPT", help="the checkpoint OUT was predicted with: adds the maps'"
+                        " model-randomisation sanity check (Adebayo et al. 2018): the attention rollout against the"
+                        " image as a map, each through the model's parts re-initialised top down")  # fmt: skip
+    parser.add_argument("--sanity_slices", type=int, default=SANITY_SLICES, metavar="N", help="slices the"
+                        " sanity check runs on, the reported split's first in manifest order (default"
+                        f" {SANITY_SLICES})")  # fmt: skip
     return parser
 
 
@@ -78,6 +85,8 @@ def main(argv: list[str] | None = None) -> None:
             resamples=args.bootstrap,
             seed=args.seed,
             overwrite=args.overwrite,
+            ckpt_path=args.ckpt_path,
+            sanity_slices=args.sanity_slices,
         )
         logged = log_report(page.parent, wandb_run) if wandb_run else None
     except (ValueError, OSError) as err:  # a missing column, a folder that is no predict output: the message names it

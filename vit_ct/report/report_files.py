@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import os
@@ -10,14 +11,24 @@ import shutil
 from pathlib import Path
 
 from vit_ct.files import atomic_write
+from vit_ct.model import ViTClassifier
 from vit_ct.report.bootstrap import RESAMPLES, SEED
 from vit_ct.report.evidence import ModelEvidence, model_evidence
 from vit_ct.report.inputs import read_labels, read_predictions
+from vit_ct.report.map_sanity import (
+    SANITY_SLICES,
+    checked_map_note,
+    load_checkpoint,
+    sanity_checks,
+    sanity_figures,
+    sanity_section,
+)
 from vit_ct.report.page import report_page
 from vit_ct.report.plots import report_figures
 
 REPORT_JSON, REPORT_HTML, CALIBRATION_JSON, FIGURES = "report.json", "report.html", "calibration.json", "figures"
 SECTIONS = ("slice", "scan", "maps", "calibration", "subgroups", "worst_cases", "rows")
+SANITY = "sanity"  # report.json's model-randomisation check (--ckpt_path); null without a checkpoint
 
 
 def check_report_dir(output_dir: Path, *, overwrite: bool) -> None:
@@ -40,12 +51,17 @@ def _plain(value):
     return value
 
 
-def report_json(models: list[ModelEvidence], settings: dict) -> dict:
-    """The first model's sections at the top, the others under ``compare`` by name."""
+def report_json(models: list[ModelEvidence], settings: dict, sanity: dict | None = None) -> dict:
+    """The first model's sections at the top (and its map ``sanity`` check), the others under ``compare`` by name."""
     first, *others = models
-    record = {"model": first.name, **{k: first.sections[k] for k in SECTIONS}, "settings": settings}
+    record = {"model": first.name, **{k: first.sections[k] for k in SECTIONS}, SANITY: sanity, "settings": settings}
     record["compare"] = {m.name: {k: m.sections[k] for k in SECTIONS} for m in others}
     return _plain(record)
+
+
+def default_tolerance_mm() -> float:
+    """:class:`vit_ct.ViTClassifier`'s pointing tolerance, the floors' without a checkpoint."""
+    return float(inspect.signature(ViTClassifier).parameters["localisation_tolerance_mm"].default)
 
 
 def write_report(
@@ -59,6 +75,8 @@ def write_report(
     resamples: int = RESAMPLES,
     seed: int = SEED,
     overwrite: bool = False,
+    ckpt_path: str | os.PathLike | None = None,
+    sanity_slices: int = SANITY_SLICES,
 ) -> Path:
     """Write the report of ``predictions`` (a ``vit-ct predict`` output folder) beside those of ``compare`` (name ->
     a predict folder or any model's predictions CSV) on the labelled ``manifest`` into ``output_dir``.
@@ -74,6 +92,10 @@ def write_report(
         resamples: Bootstrap replicates.
         seed: The bootstrap's seed.
         overwrite: Replace an ``output_dir`` holding other files.
+        ckpt_path: The checkpoint ``predictions`` were made with: adds the maps' model-randomisation check
+            (:mod:`vit_ct.report.map_sanity`) and gives the floors' pointing tolerance; None: neither (the
+            tolerance is ViTClassifier's default).
+        sanity_slices: Slices the check runs on, the reported split's first.
 
     Returns:
         ``report.html``'s path.
@@ -82,21 +104,35 @@ def write_report(
     check_report_dir(output_dir, overwrite=overwrite)
     if resamples < 1:
         raise ValueError(f"--bootstrap {resamples}: expected a number of replicates >= 1 (1,000 is the default)")
+    if sanity_slices < 2:
+        raise ValueError(f"--sanity_slices {sanity_slices}: expected at least 2 (a rank correlation per slice)")
     sources = {name: predictions, **(compare or {})}
     read = {n: read_predictions(path, n) for n, path in sources.items()}
     labels = read_labels(manifest, read[name].info)
-    models = [model_evidence(p, labels, split=split, resamples=resamples, seed=seed) for p in read.values()]
+    model, checkpoint = load_checkpoint(ckpt_path) if ckpt_path is not None else (None, None)  # before the long part
+    tolerance = default_tolerance_mm() if model is None else float(model.hparams.localisation_tolerance_mm)
+    models = [model_evidence(p, labels, split=split, resamples=resamples, seed=seed, tolerance_mm=tolerance)
+              for p in read.values()]  # fmt: skip
     figures = report_figures(models)
+    sanity, checks = None, {}
+    if model is not None:
+        reported = models[0].sections["rows"]["split"]
+        checks = sanity_checks(model, checkpoint, manifest, split=reported, slices=sanity_slices, seed=seed)
+        checked = checked_map_note(read[name].table.columns)
+        sanity = sanity_section(checks, {"ckpt_path": str(checkpoint), "split": reported, "slices": sanity_slices,
+                                         "seed": seed, "checked": checked})  # fmt: skip
+        figures |= sanity_figures(checks)
     settings = {"bootstrap": {"resamples": resamples, "seed": seed, "unit": "patient", "interval": "percentile 95%"},
                 "manifest": str(Path(manifest).resolve()), "predictions": {n: str(Path(p).resolve()) for n, p in
-                                                                          sources.items()}}  # fmt: skip
+                                                                          sources.items()},
+                "floor_tolerance_mm": tolerance}  # fmt: skip
     if output_dir.exists():
         shutil.rmtree(output_dir)
     (output_dir / FIGURES).mkdir(parents=True)
     for file, png in figures.items():
         (output_dir / FIGURES / file).write_bytes(png)
     with atomic_write(output_dir / REPORT_JSON) as tmp:
-        tmp.write_text(json.dumps(report_json(models, settings), indent=1) + "\n")
+        tmp.write_text(json.dumps(report_json(models, settings, sanity), indent=1) + "\n")
     temperature = models[0].sections["calibration"].get("temperature")
     if temperature:
         with atomic_write(output_dir / CALIBRATION_JSON) as tmp:
@@ -105,5 +141,6 @@ def write_report(
     described = (f"{resamples} bootstrap replicates over patients, seed {seed}; manifest {Path(manifest).name};"
                  f" predictions {', '.join(f'{n}: {p}' for n, p in sources.items())}")  # fmt: skip
     with atomic_write(output_dir / REPORT_HTML) as tmp:
-        tmp.write_text(report_page(models, figures, title=title, settings=described), encoding="utf-8")
+        tmp.write_text(report_page(models, figures, title=title, settings=described, sanity=sanity),
+                       encoding="utf-8")  # fmt: skip
     return output_dir / REPORT_HTML

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from vit_ct.data.manifests.labels import lesion_label
-from vit_ct.explain.sanity import RandomisationCheck, model_randomisation, rollout_map
+from vit_ct.explain.sanity import MapFunction, RandomisationCheck, model_randomisation, rollout_map
 from vit_ct.files import atomic_write
 from vit_ct.model import ViTClassifier
 from vit_ct.review.loading import load_review
@@ -37,17 +37,30 @@ def sanity_slices(model: ViTClassifier, datamodule, n: int) -> dict[str, torch.T
     return {key: torch.cat(value).to(model.device) for key, value in parts.items()}
 
 
+def check_map(
+    model: ViTClassifier,
+    slices: dict[str, torch.Tensor],
+    map_fn: MapFunction = rollout_map,
+    *,
+    method: str = "attention rollout",
+    seed: int = 0,
+    batch_size: int = 16,
+) -> RandomisationCheck:
+    """The check of ``map_fn`` (default: ``model``'s attention rollout) on ``slices`` (:func:`sanity_slices`),
+    compared inside the head; the figure shows the first two lesion slices (else the first two)."""
+    lesions = (slices["label"] > 0).nonzero()[:, 0].tolist()
+    examples = (lesions or list(range(len(slices["label"]))))[:2]
+    check = model_randomisation(model, slices["image"], map_fn, region=slices["head"], seed=seed,
+                                batch_size=batch_size, examples=examples, method=method)  # fmt: skip
+    check.notes.append("maps compared inside the head: outside it vit-ct's ViT attends nowhere, trained or not")
+    return check
+
+
 def check_rollout(
     model: ViTClassifier, slices: dict[str, torch.Tensor], *, seed: int = 0, batch_size: int = 16
 ) -> RandomisationCheck:
-    """The check of ``model``'s attention rollout on ``slices`` (:func:`sanity_slices`), compared inside the head; the
-    figure shows the first two lesion slices (else the first two)."""
-    lesions = (slices["label"] > 0).nonzero()[:, 0].tolist()
-    examples = (lesions or list(range(len(slices["label"]))))[:2]
-    check = model_randomisation(model, slices["image"], rollout_map, region=slices["head"], seed=seed,
-                                batch_size=batch_size, examples=examples, method="attention rollout")  # fmt: skip
-    check.notes.append("maps compared inside the head: outside it vit-ct's ViT attends nowhere, trained or not")
-    return check
+    """The check of ``model``'s attention rollout on ``slices``: :func:`check_map` with its defaults."""
+    return check_map(model, slices, seed=seed, batch_size=batch_size)
 
 
 def write_check(check: RandomisationCheck, output_dir: str | os.PathLike, info: dict) -> tuple[Path, Path]:
