@@ -24,6 +24,10 @@ figure img { max-width: 100%; }
 .cases img { width: 180px; }
 figcaption { font-size: 0.8em; color: #444; max-width: 180px; word-break: break-all; }
 dt { font-weight: 600; margin-top: 0.4em; }
+.side { display: flex; flex-wrap: wrap; gap: 1.5em; align-items: flex-start; }
+.curves { flex: 1 1 420px; }
+.curves img { display: block; max-width: 100%; }
+.note { font-size: 0.85em; color: #555; max-width: 40em; }
 """
 LEVEL_ROWS = ["auroc", "average_precision", "sensitivity", "specificity"] + [
     f"{kind}_at_{operating_point(s)}" for s in SPECIFICITIES for kind in ("sensitivity", "specificity", "threshold")
@@ -84,6 +88,19 @@ def _level_table(models: list, level: str, names: list[str]) -> str:
     rows = [[html.escape(NAMES.get(n, n.replace("_", " ")))] + [_figure_cell(m.sections[level].get(n)) for m in models]
             for n in names if any(m.sections[level].get(n) for m in models)]  # fmt: skip
     return _table(["", *(m.name for m in models)], rows)
+
+
+def _one_class(models: list, level: str, cases: str) -> str:
+    """Why a level's AUROC, average precision and specificity (or sensitivity) are blank: every case on one side."""
+    notes = []
+    for model in models:
+        figures = model.sections[level]
+        positives, negatives = (figures.get(k, {}).get("n", 0) for k in ("sensitivity", "specificity"))
+        if figures and not (positives and negatives):
+            side = "with" if positives else "without"
+            notes.append(f"{model.name}: all {positives + negatives} {cases} are {side} a lesion, so only the "
+                         f"{'sensitivity' if positives else 'specificity'} is defined")  # fmt: skip
+    return f'<p class="note">{html.escape("; ".join(notes))}.</p>' if notes else ""
 
 
 def _maps(models: list) -> str:
@@ -173,12 +190,13 @@ def report_page(
     body = [
         f"<h1>{html.escape(title)}</h1><p>{html.escape(settings)}</p>",
         _table(["model", "split", "slices", "with lesion", "scans", "patients"], rows),
-        "<h2>Detection</h2><h3>Slices</h3>",
-        _level_table(models, "slice", LEVEL_ROWS),
+        "<h2>Detection</h2>",
     ]
+    tables = ["<h3>Slices</h3>", _level_table(models, "slice", LEVEL_ROWS), _one_class(models, "slice", "slices")]
     if any(m.sections["scan"] for m in models):
-        body += ["<h3>Scans</h3>", _level_table(models, "scan", LEVEL_ROWS)]
-    body += [_img(figures["roc.png"], "ROC curves"), _img(figures["pr.png"], "precision-recall curves")]
+        tables += ["<h3>Scans</h3>", _level_table(models, "scan", LEVEL_ROWS), _one_class(models, "scan", "scans")]
+    curves = [_img(figures["roc.png"], "ROC curves"), _img(figures["pr.png"], "precision-recall curves")]
+    body.append(f'<div class="side"><div>{"".join(tables)}</div><div class="curves">{"".join(curves)}</div></div>')
     body += ["<h2>Calibration</h2>", _level_table(models, "calibration", ["ece", "brier", "ece_after", "brier_after"])]
     body += [_table(["model", "temperature T", "fitted on slices"], temperature) if temperature else
              f"<p>{html.escape(first['calibration'].get('temperature_note', ''))}</p>"]  # fmt: skip
