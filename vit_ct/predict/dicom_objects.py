@@ -75,7 +75,8 @@ def algorithm(provenance: Provenance) -> hd.AlgorithmIdentificationSequence:
 def parametric_map(
     sources: Sequence[Dataset], maps: np.ndarray, provenance: Provenance, *, description: str
 ) -> hd.pm.ParametricMap:
-    """A float32 Parametric Map of the rollout on the source slices' grid, one frame per source slice.
+    """A float32 Parametric Map of the rollout on the source slices' grid, one frame per source slice, each
+    referencing its slice (highdicom orders the frames by position).
 
     Args:
         sources: The source CT slices, in the order of ``maps``' first axis.
@@ -88,7 +89,7 @@ def parametric_map(
     top = float(maps.max())
     mapping = hd.pm.RealWorldValueMapping(  # identity: the stored float is the rollout value, without unit
         lut_label="rollout",
-        lut_explanation=f"{provenance.map_method}: share of the class token's attention, no unit"[:64],
+        lut_explanation="rollout: share of the class token's attention (no unit)",
         unit=codes.UCUM.NoUnits,
         value_range=(float(maps.min()), top),
         slope=1.0,
@@ -120,8 +121,8 @@ def parametric_map(
 def segmentation(
     sources: Sequence[Dataset], region: np.ndarray, provenance: Provenance, *, description: str
 ) -> hd.seg.Segmentation:
-    """A BINARY SEG with one segment, the map's half-maximum region, one frame per source slice (empty ones kept,
-    so that frame ``k`` is source slice ``k``).
+    """A BINARY SEG with one segment, the map's half-maximum region, one frame per source slice, each referencing its
+    slice (empty frames kept: every slice has its frame; highdicom orders the frames by position).
 
     Args:
         sources: The source CT slices, in the order of ``region``'s first axis.
