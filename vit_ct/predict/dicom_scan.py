@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 from pathlib import Path
 
@@ -45,9 +46,8 @@ def model_provenance(pl_module) -> Provenance:
     for name, tensor in sorted(pl_module.state_dict().items()):
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    from vit_ct import __version__  # here: vit_ct's __init__ imports the rooms, this one among them
-
-    return Provenance(model_name=str(h.arch), model_id=digest.hexdigest(), map_method=method, version=__version__)
+    version = importlib.metadata.version("vit-ct")  # the installed package's (vit_ct/__init__.py is above this room)
+    return Provenance(model_name=str(h.arch), model_id=digest.hexdigest(), map_method=method, version=version)
 
 
 def _save(dataset, path: Path) -> Path:
