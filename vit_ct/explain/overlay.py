@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 from matplotlib import colormaps
-from PIL import Image
+from PIL import Image, ImageDraw, ImageFont
 from skimage.segmentation import find_boundaries
 
 from vit_ct.data.transforms.windows import DISPLAY_WINDOW, window_hu
@@ -47,6 +47,23 @@ def render_overlay(
     if mask is not None and mask.any():
         rgb[find_boundaries(mask.astype(bool), mode="outer")] = CONTOUR_RGB
     return rgb
+
+
+def add_caption(rgb: np.ndarray, lines: list[str], *, min_width: int = 384) -> np.ndarray:
+    """``rgb`` with ``lines`` of white text burned in on a black band below it: a picture for a viewer that shows
+    only pictures (a DICOM Secondary Capture). A slice narrower than ``min_width`` pixels is first enlarged by a
+    whole factor (nearest neighbour, so no pixel is invented) until the text fits beside it."""
+    scale = -(-min_width // rgb.shape[1])  # ceil
+    image = Image.fromarray(rgb).resize((rgb.shape[1] * scale, rgb.shape[0] * scale), Image.Resampling.NEAREST)
+    size = max(12, image.width // 28)  # px: about 40 characters a line
+    font = ImageFont.load_default(size=size)
+    band = (size + size // 2) * len(lines) + size // 2
+    canvas = Image.new("RGB", (image.width, image.height + band))
+    canvas.paste(image)
+    draw = ImageDraw.Draw(canvas)
+    for i, line in enumerate(lines):
+        draw.text((size // 2, image.height + size // 2 + i * (size + size // 2)), line, fill=(255, 255, 255), font=font)
+    return np.asarray(canvas)
 
 
 def save_png(rgb: np.ndarray, path: str | Path) -> None:

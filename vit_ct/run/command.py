@@ -46,16 +46,18 @@ from vit_ct.run.wandb_runs import (
     wandb_dir,
 )
 
-# predict's writers, given by the command that builds the CLI: (output_dir, overwrite, inputs) -> callbacks
-PredictionWriters = Callable[[str, bool, list], list[Callback]]
+# predict's writers, given by the command that builds the CLI: (output_dir, overwrite, inputs, dicom_out) -> callbacks
+PredictionWriters = Callable[[str, bool, list, bool], list[Callback]]
 # Options of one subcommand. The others accept them too, hidden from their help, so that a config written for every
 # subcommand (demo.yaml's `test_after_fit`) or a run's saved config.yaml (`output_dir: null`) still loads anywhere.
-OWN_OPTIONS = {"test_after_fit": "fit", "output_dir": "predict", "overwrite": "predict"}
+OWN_OPTIONS = {"test_after_fit": "fit", "output_dir": "predict", "overwrite": "predict", "dicom_out": "predict"}
 HELP = {
     "test_after_fit": "Test the weights the fit keeps (see --checkpoint.monitor) on the test split after fitting.",
     "output_dir": "Folder to write predictions.csv, the maps and overlays (and scans.csv) into; a folder that is not"
     " empty is refused unless --overwrite true.",
     "overwrite": "Replace a non-empty --output_dir: no file of its old outputs is kept.",
+    "dicom_out": "Also write, per scan read from a DICOM series, a Parametric Map of the rollout, a SEG of its"
+    " half-maximum region and Secondary Captures of the overlays in the scan's study, under OUT/dicom/<scan>/.",
 }
 
 
@@ -92,6 +94,7 @@ def add_own_options(parser: LightningArgumentParser, subcommand: str | None) -> 
     else:
         parser.add_argument("--output_dir", type=str | None, default=None, help=shown("output_dir"))
     parser.add_argument("--overwrite", type=bool, default=False, help=shown("overwrite"))
+    parser.add_argument("--dicom_out", type=bool, default=False, help=shown("dicom_out"))
     if subcommand in ("validate", "test"):
         parser.set_defaults(verbose=False)  # vit-ct prints the figures itself, once (Lightning's table: --verbose)
 
@@ -272,7 +275,9 @@ class VitCTCLI(LightningCLI):
         config = self.config_init[self.subcommand]
         inputs = [p for p in (config.get("ckpt_path"), getattr(self.datamodule, "manifest", None)) if p]
         # before reading any slice: a non-empty OUT is refused at once
-        writers = self.prediction_writers(config["output_dir"], bool(config.get("overwrite")), inputs)
+        writers = self.prediction_writers(
+            config["output_dir"], bool(config.get("overwrite")), inputs, bool(config.get("dicom_out"))
+        )
         self._check_data("predict")
         # predict writes no checkpoints (without the callback, restoring its state cannot warn about its folder),
         # and its skip list goes into OUT, written by the PredictionWriter, not into a run folder

@@ -275,7 +275,10 @@ def write_dicom(path: Path, simulated: SimulatedSlice, *, patient: str, uids: di
     ds.SeriesInstanceUID = uids["series"]
     ds.FrameOfReferenceUID = uids["frame"]
     ds.SeriesNumber = 1
+    ds.AcquisitionNumber = 1
     ds.InstanceNumber = instance
+    ds.PatientPosition = "HFS"  # head first supine, as a head CT is acquired
+    ds.PositionReferenceIndicator = ""  # Type 2: no anatomical reference point
     ds.SeriesDescription = "synthetic head CT"
     ds.BodyPartExamined = "HEAD"
     ds.ConvolutionKernel = simulated.kernel or "none"

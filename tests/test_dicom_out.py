@@ -1,0 +1,87 @@
+"""``vit-ct predict --dicom_out true`` on DICOM series through the real command: per scan a Parametric Map equal to
+the written maps and rollout volume, a SEG equal to the half-maximum region, Secondary Captures, all in the source
+study, with the same UIDs on a rerun, and every object valid by dciodvfy."""
+
+from __future__ import annotations
+
+import highdicom as hd
+import nibabel as nib
+import numpy as np
+import pandas as pd
+import pydicom
+import pytest
+import torch
+from conftest import TINY_MODEL_ARGS
+from dicom_validation import dciodvfy_findings
+from test_cli import DEMO, _vit_ct
+from test_dicom_objects import KNOWN_WARNINGS, frame_sources
+from test_scans import MANIFEST, tiny_checkpoint  # noqa: F401  (a fixture: the tiny fit, reused)
+
+from vit_ct import load_ct_slice
+from vit_ct.data.transforms.model_input import HEAD_HU
+from vit_ct.explain.segmentation import half_max_region
+
+
+def _predict(folders, checkpoint, out, cwd):
+    _vit_ct("predict", "--config", DEMO, "--config", MANIFEST, *TINY_MODEL_ARGS, "--data.init_args.img_size", "32",
+            "--data.init_args.scans", f"[{','.join(map(str, folders))}]", "--ckpt_path", str(checkpoint),
+            "--output_dir", str(out), "--dicom_out", "true", cwd=cwd)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_predict_writes_dicom_objects_of_each_scan_in_its_study(synthetic_set, tiny_checkpoint, tmp_path):  # noqa: F811
+    folders = sorted((synthetic_set.parent / "images").iterdir())[:2]  # two patients' series
+    out = tmp_path / "out"
+    _predict(folders, tiny_checkpoint, out, tmp_path)
+
+    predictions = pd.read_csv(out / "predictions.csv", dtype={"scan": str})
+    scans = pd.read_csv(out / "scans.csv", dtype={"scan": str}).set_index("scan")
+    objects = pd.read_csv(out / "dicom" / "objects.csv", dtype={"scan": str})
+    assert sorted(objects["scan"].unique()) == sorted(scans.index)
+    for scan_id, listed in objects.groupby("scan"):
+        kinds = listed.set_index("kind")["file"]
+        assert list(listed["kind"]) == ["pm", "seg", "sc", "sc", "sc", "sc"]
+        assert list(kinds[["pm", "seg"]]) == [f"dicom/{scan_id}/pm.dcm", f"dicom/{scan_id}/seg.dcm"]
+        rows = predictions[predictions["scan"] == scan_id]
+        sources = {}
+        for image, rollout, prob in zip(rows["image"], rows["rollout"], rows["prob"], strict=True):
+            source = pydicom.dcmread(image)
+            sources[source.SOPInstanceUID] = (source, np.load(out / rollout), load_ct_slice(image), prob)
+        first = next(iter(sources.values()))[0]
+        summary = scans.loc[scan_id]
+        peak_source = pydicom.dcmread(rows["image"].iloc[int(summary["peak_slice"])])  # the scan's rows in scan order
+
+        pm = pydicom.dcmread(out / kinds["pm"])
+        assert sorted(frame_sources(pm)) == sorted(sources)  # every source slice referenced, no other
+        volume = nib.load(out / summary["rollout"]).get_fdata(dtype=np.float32)  # (rows, cols, k), scan order
+        order = {pydicom.dcmread(image).SOPInstanceUID: k for k, image in enumerate(rows["image"])}
+        for frame, uid in zip(pm.pixel_array, frame_sources(pm), strict=True):
+            _, heat, _, _ = sources[uid]
+            assert frame.shape == heat.shape == (first.Rows, first.Columns)  # the source grid
+            assert np.abs(frame - heat).max() == 0  # float32 stored as the .npy holds it: exact
+            assert np.abs(frame - volume[:, :, order[uid]]).max() == 0
+        assert pm.StudyInstanceUID == first.StudyInstanceUID and pm.FrameOfReferenceUID == first.FrameOfReferenceUID
+        described = f"P(lesion) {summary['prob']:.3f}, peak image {peak_source.InstanceNumber}"
+        assert pm.SeriesDescription == f"vit-ct rollout; {described}"
+
+        seg = hd.seg.segread(out / kinds["seg"])
+        uids = list(sources)
+        pixels = seg.get_pixels_by_source_instance(source_sop_instance_uids=uids, segment_numbers=[1])[..., 0]
+        heat = torch.from_numpy(np.stack([sources[u][1] for u in uids]))
+        head = torch.from_numpy(np.stack([sources[u][2] for u in uids]) > HEAD_HU)
+        np.testing.assert_array_equal(pixels.astype(bool), half_max_region(heat, head).numpy())
+        assert seg.SeriesDescription == f"vit-ct half-max; {described}"
+
+        for path in listed.loc[listed["kind"] == "sc", "file"]:
+            sc = pydicom.dcmread(out / path)
+            source = sources[sc.SourceImageSequence[0].ReferencedSOPInstanceUID][0]
+            assert sc.BurnedInAnnotation == "YES" and sc.StudyInstanceUID == source.StudyInstanceUID
+        for path in listed["file"]:
+            errors, warnings = dciodvfy_findings(out / path)
+            assert errors == [], f"{path}: {errors}"
+            assert set(warnings) <= set(KNOWN_WARNINGS), f"{path}: {warnings}"
+
+    rerun = tmp_path / "rerun"
+    _predict(folders, tiny_checkpoint, rerun, tmp_path)
+    again = pd.read_csv(rerun / "dicom" / "objects.csv", dtype={"scan": str})
+    pd.testing.assert_frame_equal(again, objects)  # the same files, series and instance UIDs

@@ -1,0 +1,153 @@
+"""``vit-ct predict --dicom_out true``: per scan of a predict output read from one DICOM series, the objects of
+:mod:`vit_ct.predict.dicom_objects` in the scan's study, written under ``OUT/dicom/<scan>/`` (``pm.dcm``,
+``seg.dcm``, ``sc/<k>.dcm``) and listed in ``OUT/dicom/objects.csv``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pydicom
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from vit_ct.data.io.reader import load_ct_slice
+from vit_ct.data.transforms.model_input import HEAD_HU
+from vit_ct.data.transforms.windows import DISPLAY_WINDOW
+from vit_ct.explain.overlay import add_caption, render_overlay
+from vit_ct.explain.segmentation import half_max_region
+from vit_ct.files import atomic_write
+from vit_ct.metrics.lesion_probability import lesion_probability
+from vit_ct.metrics.schema import PREDICTIONS, RUN_JSON, SCANS
+from vit_ct.predict.dicom_objects import (
+    NOT_FOR_DIAGNOSIS,
+    Provenance,
+    parametric_map,
+    secondary_captures,
+    segmentation,
+)
+from vit_ct.predict.scan_writer import group_scan
+
+DICOM_FOLDER = "dicom"
+OBJECTS_CSV = "objects.csv"  # in OUT/dicom/: scan, kind (pm, seg, sc), file, series and SOP instance UIDs
+
+
+def model_provenance(pl_module) -> Provenance:
+    """The model as the objects name it: its timm architecture, and as identity the SHA-256 of its weights and of
+    how its maps are computed (the same weights and settings give the same UIDs on every machine)."""
+    h = pl_module.hparams
+    method = f"attention rollout (head fusion {h.rollout_head_fusion}, discard ratio {h.rollout_discard_ratio})"
+    digest = hashlib.sha256(method.encode())
+    for name, tensor in sorted(pl_module.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    version = importlib.metadata.version("vit-ct")  # the installed package's (vit_ct/__init__.py is above this room)
+    return Provenance(model_name=str(h.arch), model_id=digest.hexdigest(), map_method=method, version=version)
+
+
+def _save(dataset, path: Path) -> Path:
+    with atomic_write(path) as tmp:
+        dataset.save_as(tmp, enforce_file_format=True)
+    return path
+
+
+def write_dicom_objects(output_dir: str | Path, provenance: Provenance, *, window=DISPLAY_WINDOW) -> list[Path]:
+    """Write the DICOM objects of every scan of a predict output ``OUT`` that is one DICOM series of single-frame
+    slices; other scans (NIfTI, ``.npy``, mixed series, enhanced multi-frame files) are listed as skipped.
+
+    Per scan, under ``OUT/dicom/<scan>/``: ``pm.dcm``, the rollout as a float32 Parametric Map on the source grid;
+    ``seg.dcm``, a BINARY SEG of each slice's half-maximum region over the head (as the Dice score reads it:
+    :func:`vit_ct.explain.segmentation.half_max_region`); ``sc/<k>.dcm``, an RGB Secondary Capture of slice ``k``'s
+    overlay with P(lesion) and "NOT FOR DIAGNOSIS" burned in. The scan's P(lesion) and its peak slice's
+    InstanceNumber are in each series' SeriesDescription.
+
+    Args:
+        output_dir: ``OUT`` of ``vit-ct predict`` (``predictions.csv``, ``scans.csv``, ``run.json``, ``maps/``).
+        provenance: The model and map method (:func:`model_provenance`).
+        window: (centre, width) HU of the Secondary Captures' grey image.
+
+    Returns:
+        The files written, also listed in ``OUT/dicom/objects.csv``.
+    """
+    out = Path(output_dir)
+    if not (out / SCANS.file).is_file():
+        print(f"--dicom_out: {out} has no {SCANS.file} (its slices belong to no scan): no DICOM objects written")
+        return []
+    info = json.loads((out / RUN_JSON).read_text())
+    base = Path(info["images_relative_to"]) if info.get("images_relative_to") else Path.cwd()
+    read_options = (info.get("input") or {}).get("read_options") or {}
+    predictions = pd.read_csv(out / PREDICTIONS.file, dtype={PREDICTIONS.scan: str})
+    predictions["p_lesion"] = lesion_probability(predictions, info["task"], info["class_names"]).to_numpy()
+    # resolved, as the scan lists them: an absolute path stays itself
+    predictions["path"] = [str((base / p).resolve()) for p in predictions[PREDICTIONS.image]]
+    scans = pd.read_csv(out / SCANS.file, dtype={SCANS.scan: str}).set_index(SCANS.scan)
+    written, listed, skipped = [], [], []
+    for scan_id, rows in predictions.groupby(PREDICTIONS.scan, sort=False):
+        frames = rows[PREDICTIONS.slice] if PREDICTIONS.slice in rows else pd.Series([None])
+        scan = group_scan(list(rows["path"])) if frames.isna().all() else None
+        if scan is None or scan.kind != "dicom" or len(scan.images) != len(rows):
+            skipped.append(scan_id)
+            continue
+        rows = rows.set_index("path").loc[[str(Path(p).resolve()) for p in scan.images]]  # scan order
+        sources = [pydicom.dcmread(p, stop_before_pixels=True) for p in scan.images]
+        maps = np.stack([np.load(out / r) for r in rows[PREDICTIONS.rollout]]).astype(np.float32)
+        hu = np.stack([load_ct_slice(p, **read_options) for p in scan.images])
+        region = half_max_region(torch.from_numpy(maps), torch.from_numpy(hu > HEAD_HU)).numpy()
+        prob, peak = float(scans.loc[scan_id, SCANS.prob]), int(scans.loc[scan_id, SCANS.peak_slice])
+        peak_image = sources[peak].get("InstanceNumber", peak + 1)
+        summary = f"P(lesion) {prob:.3f}, peak image {peak_image}"
+        folder = out / DICOM_FOLDER / str(scan_id)
+        objects = {
+            "pm": [parametric_map(sources, maps, provenance, description=f"vit-ct rollout; {summary}")],
+            "seg": [segmentation(sources, region, provenance, description=f"vit-ct half-max; {summary}")],
+            "sc": secondary_captures(
+                sources,
+                [
+                    add_caption(
+                        render_overlay(plane, heat, window=window),
+                        [
+                            f"vit-ct P(lesion): slice {p:.3f}, scan {prob:.3f}",
+                            f"scan peak: image {peak_image}",
+                            NOT_FOR_DIAGNOSIS,
+                        ],
+                    )
+                    for plane, heat, p in zip(hu, maps, rows["p_lesion"], strict=True)
+                ],  # fmt: skip
+                provenance,
+                description=f"vit-ct overlays; {summary}",
+            ),
+        }
+        for kind, datasets in objects.items():
+            for k, dataset in enumerate(datasets):
+                path = folder / (f"{kind}.dcm" if kind != "sc" else f"sc/{k:03d}.dcm")
+                written.append(_save(dataset, path))
+                listed.append({"scan": scan_id, "kind": kind, "file": path.relative_to(out).as_posix(),
+                               "series_uid": dataset.SeriesInstanceUID, "sop_uid": dataset.SOPInstanceUID})  # fmt: skip
+    if skipped:
+        print(f"--dicom_out: {len(skipped)} scans are not one DICOM series of single-frame slices, no DICOM objects"
+              f" for them: {', '.join(map(str, skipped[:5]))}{', ...' if len(skipped) > 5 else ''}")  # fmt: skip
+    if listed:
+        with atomic_write(out / DICOM_FOLDER / OBJECTS_CSV) as tmp:
+            pd.DataFrame(listed).to_csv(tmp, index=False)
+    return written
+
+
+class DicomObjectsWriter(Callback):
+    """After :class:`vit_ct.predict.scan_writer.ScanResultsWriter` has written ``scans.csv``: the DICOM objects of
+    :func:`write_dicom_objects`, in the folder the run's ``PredictionWriter`` writes into. Rank 0 only.
+
+    Args:
+        writer: The run's ``PredictionWriter``.
+    """
+
+    def __init__(self, writer) -> None:
+        self.writer = writer
+
+    def on_predict_epoch_end(self, trainer, pl_module) -> None:
+        if trainer.is_global_zero:
+            write_dicom_objects(self.writer.output_dir, model_provenance(pl_module), window=self.writer.window)
