@@ -32,6 +32,7 @@ from vit_ct.pacs.storage import store_files
 from vit_ct.sim.phantom import PhantomConfig
 from vit_ct.sim.synthetic import simulate_patient, write_slices
 
+ROOT = Path(__file__).resolve().parents[1]
 USERS = {"reader": "right-password"}
 needs_orthanc = pytest.mark.skipif(
     bool(MISSING) and not IN_CI, reason=f"needs {' and '.join(MISSING)} ({INSTALL}); CI fails instead"
@@ -205,3 +206,54 @@ def predict_has_dicom_out() -> bool:
     """Whether this checkout's ``vit-ct predict`` has the DICOM objects option ``--dicom_out``."""
     run = subprocess.run([sys.executable, "-m", "vit_ct", "predict", "--help"], capture_output=True, text=True)
     return "--dicom_out" in run.stdout
+
+
+@pytest.mark.slow
+@needs_orthanc
+def test_the_round_trip_stores_every_dicom_object_predict_wrote_into_the_study(orthanc, tmp_path):
+    """``vit-ct pacs`` as a user runs it: the study retrieved, predicted as a whole scan, every object under
+    ``OUT/predict/dicom/`` stored into the source study and read back from the server as it was written."""
+    if not predict_has_dicom_out():
+        pytest.skip("vit-ct predict has no --dicom_out yet (the DICOM objects of issue 41 land on another branch)")
+    import torch
+    from conftest import DEMO_LEVERS, quiet_trainer
+
+    from vit_ct import ViTClassifier
+
+    files = write_study(tmp_path / "study", "pacs-0006", n_slices=4)
+    study = pydicom.dcmread(files[0]).StudyInstanceUID
+    server = Server(orthanc)
+    assert len(store_files(server, files).stored) == 4
+    torch.manual_seed(0)
+    trainer = quiet_trainer()
+    trainer.strategy.connect(ViTClassifier(**DEMO_LEVERS, embed_dim=32, depth=2, num_heads=2, img_size=32, in_chans=1))
+    trainer.save_checkpoint(tmp_path / "tiny.ckpt")
+
+    out = tmp_path / "out"
+    run = subprocess.run(
+        [sys.executable, "-m", "vit_ct", "pacs", orthanc, "--study", study, "--ckpt_path", str(tmp_path / "tiny.ckpt"),
+         "--config", str(ROOT / "configs" / "demo.yaml"), "--config", str(ROOT / "configs" / "manifest.yaml"),
+         "--output_dir", str(out), "--model.embed_dim", "32", "--model.depth", "2", "--model.num_heads", "2",
+         "--data.init_args.img_size", "32", "--data.init_args.windows", "[brain]", "--data.init_args.num_workers",
+         "0", "--trainer.logger", "false"],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    retrieved = sorted(p.name for p in (out / "source").rglob("*.dcm"))
+    assert retrieved == sorted(f"{pydicom.dcmread(f).SOPInstanceUID}.dcm" for f in files)
+
+    objects = sorted((out / "predict" / "dicom").rglob("*.dcm"))
+    stored = json.loads((out / "stored.json").read_text())
+    assert objects and (stored["study"], stored["stored"], stored["failed"]) == (study, len(objects), 0)
+    assert [f["path"] for f in stored["files"]] == [str(p) for p in objects]
+    assert f"stored {len(objects)} of {len(objects)} DICOM files at {orthanc}" in run.stdout
+    for path in objects:  # in the source study on the server, byte for byte the pixels predict wrote
+        written = pydicom.dcmread(path)
+        assert written.StudyInstanceUID == study
+        back = server.client.retrieve_instance(study, written.SeriesInstanceUID, written.SOPInstanceUID,
+                                               media_types=(("application/dicom", "*"),))  # fmt: skip
+        assert back.SOPClassUID == written.SOPClassUID
+        if "PixelData" in written:
+            assert back.PixelData == written.PixelData
+        elif "FloatPixelData" in written:  # the Parametric Map's float values
+            assert back.FloatPixelData == written.FloatPixelData

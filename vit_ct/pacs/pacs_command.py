@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
     objects = sorted((predicted / "dicom").rglob("*.dcm"))
     if not objects:
         parser.exit(1, f"vit-ct pacs: vit-ct predict wrote no DICOM object under {predicted / 'dicom'}; expected the "
-                    "objects of --dicom_out true there; nothing was stored")  # fmt: skip
+                    "objects of --dicom_out true there; nothing was stored\n")  # fmt: skip
     start = time.perf_counter()
     report = store_files(server, objects, study=args.study)
     seconds["store"] = time.perf_counter() - start
