@@ -27,7 +27,7 @@ from vit_ct.pacs.connection import (
     StudyNotFound,
     credentials,
 )
-from vit_ct.pacs.retrieval import find_ct_series, retrieve_series
+from vit_ct.pacs.retrieval import find_ct_series, retrieve_ct, retrieve_series
 from vit_ct.pacs.storage import store_files
 from vit_ct.sim.phantom import PhantomConfig
 from vit_ct.sim.synthetic import simulate_patient, write_slices
@@ -84,7 +84,8 @@ def test_a_stored_study_is_found_and_retrieved_as_it_was(orthanc, tmp_path):
     series = find_ct_series(server, study)
     assert [(s.uid, s.modality, s.instances) for s in series] == [(originals[0].SeriesInstanceUID, "CT", len(files))]
 
-    retrieved = retrieve_series(server, study, series[0], tmp_path / "source")
+    retrieved, other = retrieve_series(server, study, series[0], tmp_path / "source")
+    assert other == 0
     assert {p.parent for p in retrieved} == {tmp_path / "source" / series[0].uid}
     by_uid = {pydicom.dcmread(p).SOPInstanceUID: pydicom.dcmread(p) for p in retrieved}
     assert set(by_uid) == {ds.SOPInstanceUID for ds in originals}
@@ -137,6 +138,42 @@ def test_a_study_that_is_not_there_or_holds_no_ct_is_named(orthanc, tmp_path):
     assert store_files(server, [Path(get_testdata_file("MR_small.dcm"))]).files[0].stored
     with pytest.raises(NoCTSeries, match=rf"study {mr.StudyInstanceUID} at {orthanc} holds no CT series \(MR "):
         find_ct_series(server, mr.StudyInstanceUID)
+
+
+@needs_orthanc
+def test_only_ct_images_are_retrieved_from_a_ct_series(orthanc, tmp_path, capsys):
+    """A Secondary Capture stored in a series of Modality CT (as viewers and exports do) is left out, and a CT series
+    holding nothing else is no CT to predict on."""
+    files = write_study(tmp_path / "study", "pacs-0007", n_slices=2)
+    capture = pydicom.dcmread(files[1])
+    capture.SOPClassUID = capture.file_meta.MediaStorageSOPClassUID = "1.2.840.10008.5.1.4.1.1.7"
+    capture.SOPInstanceUID = capture.file_meta.MediaStorageSOPInstanceUID = "1.2.826.0.1.3680043.8.498.7"
+    capture.save_as(files[1])
+    server = Server(orthanc)
+    assert len(store_files(server, files).stored) == 2
+    study = capture.StudyInstanceUID
+    series = find_ct_series(server, study)
+    retrieved = retrieve_ct(server, study, series, tmp_path / "source")
+    assert [p.name for p in retrieved[capture.SeriesInstanceUID]] == [f"{pydicom.dcmread(files[0]).SOPInstanceUID}.dcm"]
+    assert "1 CT images, 1 instances of other SOP classes left out" in capsys.readouterr().out
+
+    only = write_study(tmp_path / "only", "pacs-0008", n_slices=1)[0]
+    capture = pydicom.dcmread(only)
+    capture.SOPClassUID = capture.file_meta.MediaStorageSOPClassUID = "1.2.840.10008.5.1.4.1.1.7"
+    capture.save_as(only)
+    assert store_files(server, [only]).files[0].stored
+    with pytest.raises(NoCTSeries, match=rf"the CT series of study {capture.StudyInstanceUID} at {orthanc} hold no CT"):
+        retrieve_ct(server, capture.StudyInstanceUID, find_ct_series(server, capture.StudyInstanceUID), tmp_path)
+
+
+def test_the_command_refuses_a_folder_with_other_files_before_asking_the_server(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("mine")
+    url = f"http://127.0.0.1:{free_port()}/dicom-web"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["pacs", url, "--study", "1.2.3", "--output_dir", str(tmp_path)])
+    assert exit_info.value.code == 1
+    assert f"--output_dir {tmp_path} is not empty; choose a new folder or add --overwrite" in capsys.readouterr().err
+    assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
 def test_a_server_that_is_down_is_named_and_nothing_is_reported_stored(tmp_path):

@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = pacs_parser()
     args, extra = parser.parse_known_args(argv)
     from vit_ct.pacs.connection import PacsError, Server
-    from vit_ct.pacs.retrieval import find_ct_series, retrieve_series
+    from vit_ct.pacs.retrieval import find_ct_series, retrieve_ct
     from vit_ct.pacs.storage import store_files
 
     out = Path(args.output_dir)
@@ -85,11 +85,9 @@ def main(argv: list[str] | None = None) -> None:
         start = time.perf_counter()
         series = find_ct_series(server, args.study)
         seconds["query"] = time.perf_counter() - start
-        print(f"study {args.study} at {server.url}: {len(series)} CT series")
+        print(f"study {args.study} at {server.url}: {len(series)} CT series, retrieved into {source}")
         start = time.perf_counter()
-        for one in series:
-            files = retrieve_series(server, args.study, one, source)
-            print(f"  retrieved series {one.uid} ({one.description or 'no description'}): {len(files)} instances")
+        retrieve_ct(server, args.study, series, source)
         seconds["retrieve"] = time.perf_counter() - start
     except (PacsError, ValueError) as err:
         parser.exit(1, f"vit-ct pacs: {err}\n")

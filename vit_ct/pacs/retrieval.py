@@ -15,6 +15,9 @@ from vit_ct.pacs.connection import NoCTSeries, Server, StudyNotFound
 STUDY_UID, SERIES_UID, MODALITY = "0020000D", "0020000E", "00080060"
 SERIES_NUMBER, SERIES_DESCRIPTION, INSTANCES = "00200011", "0008103E", "00201209"
 ANY_TRANSFER_SYNTAX = (("application/dicom", "*"),)  # the stored bytes: no transcoding by the server
+# CT Image, Enhanced CT, Legacy Converted Enhanced CT Image Storage: what is retrieved of a series of Modality CT (not,
+# say, a Secondary Capture a viewer or vit-ct itself stored there with Modality CT)
+CT_IMAGES = ("1.2.840.10008.5.1.4.1.1.2", "1.2.840.10008.5.1.4.1.1.2.1", "1.2.840.10008.5.1.4.1.1.2.2")
 
 
 @dataclass(frozen=True)
@@ -69,23 +72,40 @@ def find_ct_series(server: Server, study: str) -> list[Series]:
     return ct
 
 
-def retrieve_series(server: Server, study: str, series: Series, folder: Path) -> list[Path]:
-    """Retrieve every instance of ``series`` into ``folder/<SeriesInstanceUID>/<SOPInstanceUID>.dcm``, each file
-    written whole or not at all; returns the files, in the order the server sent them."""
+def retrieve_series(server: Server, study: str, series: Series, folder: Path) -> tuple[list[Path], int]:
+    """Retrieve the CT images of ``series`` into ``folder/<SeriesInstanceUID>/<SOPInstanceUID>.dcm``, each file
+    written whole or not at all; returns the files, in the order the server sent them, and how many instances of other
+    SOP classes were left out."""
     import pydicom
 
     target = Path(folder) / series.uid
-    paths = []
+    paths, other = [], 0
     with server.asking(f"the instances of series {series.uid} of study {study} (WADO-RS)"):
         datasets = server.client.iter_series(study, series.uid, media_types=ANY_TRANSFER_SYNTAX)
         for dataset in datasets:
+            if str(dataset.get("SOPClassUID", "")) not in CT_IMAGES:
+                other += 1
+                continue
             path = target / f"{dataset.SOPInstanceUID}.dcm"
             with atomic_write(path) as tmp:
                 pydicom.dcmwrite(tmp, dataset, enforce_file_format=True)
             paths.append(path)
-    if not paths:
+    return paths, other
+
+
+def retrieve_ct(server: Server, study: str, series: list[Series], folder: Path) -> dict[str, list[Path]]:
+    """The CT images of each of ``series`` (:func:`retrieve_series`), series UID -> files; a series without CT images
+    is left out with a line saying so, and :class:`NoCTSeries` if none has any."""
+    retrieved = {}
+    for one in series:
+        paths, other = retrieve_series(server, study, one, folder)
+        left_out = f", {other} instances of other SOP classes left out" if other else ""
+        print(f"  series {one.uid} ({one.description or 'no description'}): {len(paths)} CT images{left_out}")
+        if paths:
+            retrieved[one.uid] = paths
+    if not retrieved:
         raise NoCTSeries(
-            f"{server.url} sent no instance of CT series {series.uid} of study {study} (WADO-RS); expected the "
-            f"{series.instances or 'listed'} instances QIDO-RS counted"
+            f"the CT series of study {study} at {server.url} hold no CT image (WADO-RS); expected CT Image Storage "
+            "instances in at least one"
         )
-    return paths
+    return retrieved
