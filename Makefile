@@ -36,14 +36,14 @@ FLOORS_DEV := pytest scikit-learn pydicom-data  # the dev extras the subset impo
 # Import and layering, every private name vit_ct.compat lists, the model against timm, attention recording and
 # rollout against hand-computed references, checkpoints (save, load, input contract, resume), the CLI (every config,
 # fit -> predict through the real command, bad input), W&B media, DICOM / NIfTI reading against pydicom, the DICOM
-# objects of predict --dicom_out read back (highdicom).
+# objects of predict --dicom_out read back (highdicom), the DICOMweb client against Orthanc.
 # test_states_merge_like_ddp is left out: only the test uses Metric.merge_state (torchmetrics 1.6); DDP reaches the
 # same states through torchmetrics' own sync, present in 1.4.
 FLOORS_TESTS := tests/test_layout.py tests/test_compat.py tests/test_model.py tests/test_attention.py \
 	tests/test_rollout.py tests/test_sink.py tests/test_checkpoint.py tests/test_contract.py \
 	tests/test_last_checkpoint.py tests/test_cli.py tests/test_failures.py tests/test_callbacks.py tests/test_reader.py \
 	tests/test_localisation.py tests/test_segmentation.py tests/test_datamodule.py tests/test_windows.py \
-	tests/test_dicom_objects.py \
+	tests/test_dicom_objects.py tests/test_pacs.py \
 	--deselect tests/test_localisation.py::test_states_merge_like_ddp
 FLOORS_SLOW_TESTS := tests/test_cli.py::test_fit_then_predict_through_the_real_command \
 	tests/test_checkpoint.py::test_resume_after_sigkill_matches_an_uninterrupted_run \

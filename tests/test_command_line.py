@@ -65,7 +65,7 @@ def test_help_says_what_vit_ct_is_and_lists_every_subcommand_in_a_sentence():
     assert "Lightning Trainer command line tool" not in text
     assert text.startswith("usage: vit-ct") and "vit-ct trains a Vision Transformer" in text
     rows = dict(re.findall(r"^ {4}(\w+) +(.*(?:\n {8,}.*)*)", run.stdout, flags=re.MULTILINE))
-    assert list(rows) == ["fit", "validate", "test", "predict", "manifest", "report"]
+    assert list(rows) == ["fit", "validate", "test", "predict", "manifest", "report", "pacs"]
     for name, sentence in rows.items():  # a whole sentence each, not a docstring cut at its first line
         sentence = _one_line(sentence)
         assert sentence[0].isupper() and sentence.endswith(".") and len(sentence.split()) >= 12, (name, sentence)
@@ -73,15 +73,16 @@ def test_help_says_what_vit_ct_is_and_lists_every_subcommand_in_a_sentence():
         assert option in text
     assert _run(VIT_CT, "--config", "configs/demo.yaml", "-h").stdout == run.stdout  # help before a subcommand
     bare = _run(VIT_CT)
-    assert bare.returncode == 2 and "choose a subcommand: fit, validate, test, predict, manifest, report" in bare.stderr
+    assert bare.returncode == 2
+    assert "choose a subcommand: fit, validate, test, predict, manifest, report, pacs" in bare.stderr
 
 
 def test_help_and_the_commands_that_need_no_model_import_no_torch():
-    """``vit-ct --help``, ``vit-ct manifest --help``, ``vit-ct report --help``, ``python -m vit_ct.model.shipped list``
-    and ``import vit_ct`` answer without torch, Lightning or timm (each ~2-4 s of imports on 2 cores); the shipped list
+    """``vit-ct --help``, ``vit-ct manifest|report|pacs --help``, ``python -m vit_ct.model.shipped list`` and ``import
+    vit_ct`` answer without torch, Lightning or timm (each ~2-4 s of imports on 2 cores); the shipped list
     without a RuntimeWarning about its module being imported twice."""
     for command in ([VIT_CT, "--help"], [VIT_CT, "manifest", "--help"], [VIT_CT, "report", "--help"],
-                    ["-c", "import vit_ct"],
+                    [VIT_CT, "pacs", "--help"], ["-c", "import vit_ct"],
                     ["-W", "error::RuntimeWarning", "-m", "vit_ct.model.shipped", "list"]):  # fmt: skip
         imported = _imported(*command)
         assert "vit_ct" in imported and not imported & set(HEAVY), (command, imported & set(HEAVY))

@@ -4,8 +4,9 @@ Each room imports only the rooms below it, exactly as the README's package map s
 (the foundation) nothing; ``data`` only those, its sub-rooms each only the ones before it in ``transforms``, ``io``,
 ``cache``, ``manifests``, then ``loading`` and ``datasets``; ``sim`` only ``data``; ``explain`` of ``data`` only
 ``transforms`` (the HU windows), no model; ``metrics`` ``data`` and ``explain``; ``model`` those; ``run`` those and
-``sim``; ``predict`` those and ``run``; ``review`` those and ``predict``; ``report`` those and ``review``; nothing
-imports the CLI but ``python -m vit_ct``; no import cycle anywhere.
+``sim``; ``predict`` those and ``run``; ``review`` those and ``predict``; ``report`` those and ``review``; ``pacs``
+(the round trip through a PACS, which runs ``vit-ct predict`` as a process) only the foundation; nothing imports the
+CLI but ``python -m vit_ct``; no import cycle anywhere.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ ALLOWED = {
     "predict": {*DATA, "explain", "metrics", "model", "run", "predict", *BASE},
     "review": {*DATA, "explain", "metrics", "model", "run", "predict", "review", *BASE},
     "report": {*DATA, "explain", "metrics", "model", "run", "predict", "review", "report", *BASE},
+    "pacs": {"pacs", *BASE},  # a client of the vit-ct command (predict runs as its own process), not of its modules
 }
 
 

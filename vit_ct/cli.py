@@ -1,10 +1,11 @@
 """The ``vit-ct`` command (also ``python -m vit_ct``): ``fit``, ``validate``, ``test`` and ``predict`` through a
 LightningCLI (:mod:`vit_ct.run.command`) with W&B tracking and checkpoints, ``manifest``
-(:mod:`vit_ct.predict.manifest_command`: the slices of DICOM folders and NIfTI volumes, or a public dataset by name)
-and ``report`` (:mod:`vit_ct.report.report_command`: figures with intervals from a predict output).
+(:mod:`vit_ct.predict.manifest_command`: the slices of DICOM folders and NIfTI volumes, or a public dataset by name),
+``report`` (:mod:`vit_ct.report.report_command`: figures with intervals from a predict output) and ``pacs``
+(:mod:`vit_ct.pacs.pacs_command`: a study from a DICOMweb server through predict, its DICOM objects stored back).
 
-``vit-ct --help``, ``vit-ct manifest --help`` and ``vit-ct report --help`` answer without importing torch, Lightning
-or timm (they are imported once a subcommand needs them). An error prints its message and where it was raised, and
+``vit-ct --help`` and ``vit-ct manifest|report|pacs --help`` answer without importing torch, Lightning or timm (they
+are imported once a subcommand needs them). An error prints its message and where it was raised, and
 exits 1; ``--debug`` (or ``VIT_CT_DEBUG=1``) prints the full traceback instead.
 """
 
@@ -47,6 +48,11 @@ def main(args: list[str] | None = None, *, run: bool = True):
         from vit_ct.report.report_command import main as report_main
 
         report_main(argv[1:])
+        return None
+    if argv[:1] == ["pacs"]:
+        from vit_ct.pacs.pacs_command import main as pacs_main
+
+        pacs_main(argv[1:])
         return None
     if wants_overview(argv):
         print(overview(), end="")

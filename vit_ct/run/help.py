@@ -31,6 +31,8 @@ SUBCOMMANDS = {
     "report": "Write report.html and report.json from a predict output and its labelled manifest: AUROC, sensitivity "
     "and specificity per slice and scan, calibration, map scores and subgroups, each with a bootstrap interval over "
     "patients; --compare NAME=PATH puts another model's predictions beside it.",
+    "pacs": "Retrieve a study's CT series from a DICOMweb server (a PACS such as Orthanc), predict on them as whole "
+    "scans, store the DICOM objects predict writes back into the study and report what was stored.",
 }
 CONFIG_HELP = (
     "YAML config file (configs/*.yaml, or a run's config.yaml), usually given after the subcommand; repeat it to "
@@ -47,6 +49,8 @@ examples:
   vit-ct manifest DICOM_DIR --output archive.csv
   vit-ct manifest --dataset cq500 CQ500/ --output cq500.csv  a public set, labelled, by name
   vit-ct report out --manifest my.csv                        predict's output with labels: out/report/report.html
+  vit-ct pacs http://localhost:8042/dicom-web --study UID --config configs/manifest.yaml --ckpt_path CKPT \
+      --output_dir pacs_out                                  a PACS study in, DICOM results stored back
   vit-ct fit --help                                          every option of fit"""
 HELP_FLAGS = ("-h", "--help")
 CONFIG_FLAGS = ("-c", "--config")
