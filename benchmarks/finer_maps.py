@@ -89,10 +89,15 @@ def prediction_aurocs(out: Path) -> dict[str, float]:
             for column in ("prob", "prob_tta") if column in rows}  # fmt: skip
 
 
-def predictions(model_args: list[str], manifest: Path, settings: list[int], repeats: int) -> dict[int, dict]:
-    """Per setting: predict's seconds (``repeats`` fresh processes, settings alternating) and the AUROCs."""
+def predictions(
+    model_args: list[str], manifest: Path, settings: list[int], repeats: int, warm_up: int = 0
+) -> dict[int, dict]:
+    """Per setting: predict's seconds (``repeats`` fresh processes, settings alternating, after ``warm_up`` runs of
+    the first setting that are not counted: the first run reads the slices from a cold disk) and the AUROCs."""
     found = {s: {"predict_s": []} for s in settings}
     with tempfile.TemporaryDirectory(prefix="vit-ct-finer-") as folder:
+        for _ in range(warm_up):
+            timed_predict(model_args, manifest, settings[0], Path(folder) / "warm-up")
         for _ in range(repeats):
             for s in settings:
                 out = Path(folder) / f"shifts{s}"
@@ -125,8 +130,8 @@ def model_seconds(model: ViTClassifier, images: torch.Tensor, settings: list[int
 
 
 def faithfulness(model: ViTClassifier, slices: dict, settings: list[int], *, steps: int, seed: int, batch: int):
-    """Deletion and insertion areas ``{name: (deletion, insertion)}`` per setting and for a random map, on the cells
-    of the finest setting's grid; the same slices, baseline and curve points for every map."""
+    """Deletion and insertion areas per slice ``{name: (B, 2)}`` per setting and for a random map, on the cells of the
+    finest setting's grid; the same slices, baseline and curve points for every map."""
     generator = torch.Generator().manual_seed(seed)
     windows = model.input_contract.windows
     images, heads = slices["image"], slices["head"]
@@ -144,7 +149,7 @@ def faithfulness(model: ViTClassifier, slices: dict, settings: list[int], *, ste
             order = patch_order(cells[part], generator)
             deleted, inserted = curves(model, images[part], baseline[part], order, counts, grid, ends[part])
             parts.append(torch.stack([curve_area(deleted, counts), curve_area(inserted, counts)], dim=1))
-        areas[name] = tuple(float(v) for v in torch.cat(parts).mean(dim=0))
+        areas[name] = torch.cat(parts)
     return areas, grid
 
 
@@ -157,6 +162,13 @@ def randomisation(model: ViTClassifier, slices: dict, settings: list[int], *, se
                                     batch_size=batch, examples=[0], method=f"rollout, map_shifts {s}")  # fmt: skip
         checks[s] = check.to_dict()
     return checks
+
+
+def paired_difference(differences: torch.Tensor) -> list[tuple[float, float]]:
+    """``(B, k)`` per-slice differences -> per column (mean, standard error of the mean)."""
+    n = differences.shape[0]
+    se = differences.std(dim=0) / n**0.5 if n > 1 else torch.full((differences.shape[1],), float("nan"))
+    return [(float(m), float(e)) for m, e in zip(differences.mean(dim=0), se, strict=True)]
 
 
 def heldout_manifest(family: str, root: Path) -> Path:
@@ -190,6 +202,7 @@ def map_rows(tests: dict[int, dict], extra: dict[int, dict] | None = None) -> li
 
 MAP_COLUMNS = ["map", "pointing", "energy ratio", "in-head pixel AUROC", "Dice at half max", "HD95 mm"]
 MAP_FORMATS = [None, ".3f", ".1f", ".3f", ".3f", ".1f"]
+FAITH_FORMATS = [".3f", None, ".3f", None, ".2f", ".0%", None]  # the differences: strings with their standard error
 
 
 def main(argv: list[str] | None = None, records: Path | None = None) -> dict:
@@ -200,7 +213,8 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> dict:
     parser.add_argument("--ckpt", help="vit-ct checkpoint (default: runs/latest's, as `make demo` leaves it)")
     parser.add_argument("--manifest", type=Path, default=Path("data/synthetic/manifest.csv"), help="its test split")
     parser.add_argument("--shifts", type=int, nargs="+", default=[1, 2], help="map_shifts settings (1 first)")
-    parser.add_argument("--repeats", type=int, default=2, help="predict runs per setting, alternating (default 2)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per setting, alternating (default 3)")
+    parser.add_argument("--warm-up", type=int, default=1, help="predict runs before the timed ones (default 1)")
     parser.add_argument("--n-slices", type=int, default=32, help="lesion slices of deletion / insertion")
     parser.add_argument("--sanity-slices", type=int, default=16, help="lesion slices of the randomisation check")
     parser.add_argument("--steps", type=int, default=16, help="points of each deletion / insertion curve")
@@ -217,16 +231,18 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> dict:
     model_args = ["--config", str(MANIFEST_CONFIG), "--ckpt_path", str(ckpt)]
 
     tests = {s: test_metrics(model_args, args.manifest, s) for s in settings}
-    predicted = predictions(model_args, args.manifest, settings, args.repeats)
+    predicted = predictions(model_args, args.manifest, settings, args.repeats, args.warm_up)
     model = ViTClassifier.load_from_checkpoint(ckpt, map_location="cpu").eval()
     data = CTSliceDataModule.from_contract(model.input_contract, manifest=str(args.manifest), num_workers=0)
     slices = lesion_slices(data, "test")
     chosen = torch.randperm(len(slices["image"]), generator=torch.Generator().manual_seed(args.seed))
     faithful = {key: value[chosen[: args.n_slices].sort().values] for key, value in slices.items()}
     sanity = {key: value[: args.sanity_slices] for key, value in faithful.items()}
-    model_s = model_seconds(model, faithful["image"], settings, args.repeats, args.batch)
-    areas, grid = faithfulness(model, faithful, settings, steps=args.steps, seed=args.seed, batch=args.batch)
+    model_s = model_seconds(model, slices["image"], settings, args.repeats, args.batch)
+    per_slice, grid = faithfulness(model, faithful, settings, steps=args.steps, seed=args.seed, batch=args.batch)
     checks = randomisation(model, sanity, settings, seed=args.seed, batch=args.batch)
+    areas = {name: [float(v) for v in a.mean(dim=0)] for name, a in per_slice.items()}
+    paired = {s: paired_difference(per_slice[s] - per_slice[1]) for s in settings}  # (deletion, insertion), ± se
 
     figures, extra, cost_rows = {}, {}, []
     base_predict, base_model = statistics.median(predicted[1]["predict_s"]), statistics.median(model_s[1])
@@ -245,18 +261,26 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> dict:
             f"{key}_model_ratio": statistics.median(model_s[s]) / base_model,
             f"{key}_deletion": areas[s][0],
             f"{key}_insertion": areas[s][1],
+            f"{key}_deletion_vs_1": paired[s][0][0],
+            f"{key}_deletion_vs_1_se": paired[s][0][1],
+            f"{key}_insertion_vs_1": paired[s][1][0],
+            f"{key}_insertion_vs_1_se": paired[s][1][1],
             f"{key}_randomised_spearman": last["spearman_mean"],
             f"{key}_randomised_moved": last["moved"],
             f"{key}_randomisation_passed": int(checks[s]["verdict"] == "PASS"),
         }
-        extra[s] = [areas[s][0], areas[s][1], last["spearman_mean"], last["moved"], checks[s]["verdict"]]
+        versus = [f"{m:+.4f} ± {se:.4f}" if s > 1 else None for m, se in paired[s]]
+        extra[s] = [areas[s][0], versus[0], areas[s][1], versus[1], last["spearman_mean"], last["moved"],
+                    checks[s]["verdict"]]  # fmt: skip
         times = [figures[f"{key}_{what}"] for what in ("predict_s", "predict_ratio", "model_s", "model_ratio")]
         cost_rows.append([s, s * s, tests[s]["auroc"], predicted[s].get("prob_tta"), *times])
     figures |= {"random_deletion": areas["random"][0], "random_insertion": areas["random"][1]}
-    faith_columns = ["deletion AUC ↓", "insertion AUC ↑", "randomised ρ", "moved", "randomisation"]
-    rows = map_rows(tests, extra) + [["random map", *[None] * len(SCORES), *areas["random"], None, None, None]]
+    faith_columns = ["deletion AUC ↓", "vs map_shifts 1", "insertion AUC ↑", "vs map_shifts 1", "randomised ρ",
+                     "moved", "randomisation"]  # fmt: skip
+    random_row = ["random map", *[None] * len(SCORES), areas["random"][0], None, areas["random"][1], *[None] * 4]
+    rows = map_rows(tests, extra) + [random_row]
     tables = {
-        "finer_maps": table(MAP_COLUMNS + faith_columns, rows, MAP_FORMATS + [".3f", ".3f", ".2f", ".0%", None]),
+        "finer_maps": table(MAP_COLUMNS + faith_columns, rows, MAP_FORMATS + FAITH_FORMATS),
         "finer_maps_cost": table(
             ["map_shifts", "passes", "P(lesion) AUROC", "AUROC of prob_tta", "predict s", "vs map_shifts 1",
              "model s", "model vs map_shifts 1"], cost_rows, ["d", "d", ".3f", ".3f", ".1f", "{:.2f}x", ".2f",
@@ -268,7 +292,8 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> dict:
         "sanity_slices": len(sanity["image"]), "cells": list(grid), "steps": args.steps, "seed": args.seed,
         "threads": torch.get_num_threads(), "predict_s": {s: predicted[s]["predict_s"] for s in settings},
         "model_s": model_s, "predict": "fresh process per run, as a user starts it; settings alternating",
-        "model": "ViTClassifier.explained over the faithfulness slices, in this process, fp32, settings alternating",
+        "model": "ViTClassifier.explained over every lesion slice, in this process, fp32, settings alternating",
+        "warm_up": args.warm_up,
     }  # fmt: skip
     if args.heldout:
         family_root = args.heldout_root or Path("data/heldout" + ("" if args.heldout == "near" else "-far"))

@@ -22,7 +22,7 @@ def tiny_checkpoint(synthetic_set, tmp_path_factory):
 def test_the_benchmark_writes_a_record_whose_figures_agree(tiny_checkpoint, synthetic_set, tmp_path):
     finer_maps = load_benchmark("finer_maps")
     argv = ["--ckpt", str(tiny_checkpoint), "--manifest", str(synthetic_set), "--shifts", "1", "2", "--repeats", "1",
-            "--n-slices", "3", "--sanity-slices", "2", "--steps", "4"]  # fmt: skip
+            "--n-slices", "3", "--sanity-slices", "2", "--steps", "4", "--warm-up", "0"]  # fmt: skip
     finer_maps.main(argv, records=tmp_path)
     record = json.loads((tmp_path / "finer_maps.json").read_text())
     f, notes = record["figures"], record["notes"]
@@ -46,6 +46,9 @@ def test_the_benchmark_writes_a_record_whose_figures_agree(tiny_checkpoint, synt
         assert f[f"shifts1_{what}_ratio"] == 1.0
         assert f[f"shifts2_{what}_ratio"] == pytest.approx(f[f"shifts2_{what}_s"] / f[f"shifts1_{what}_s"])
     assert notes["cells"] == [4, 4] and notes["faithfulness_slices"] == 3 and notes["sanity_slices"] == 2
+    # the paired differences are the differences of the two maps' mean areas over the same slices
+    for curve in ("deletion", "insertion"):
+        assert f[f"shifts2_{curve}_vs_1"] == pytest.approx(f[f"shifts2_{curve}"] - f[f"shifts1_{curve}"], abs=1e-9)
     for key in ("shifts1_deletion", "shifts2_insertion", "random_deletion"):
         assert 0 <= f[key] <= 1
     assert {f["shifts1_randomisation_passed"], f["shifts2_randomisation_passed"]} <= {0, 1}
