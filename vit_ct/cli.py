@@ -148,15 +148,17 @@ def _cli(args: list[str] | None, run: bool):
     return cli
 
 
-def _prediction_writers(output_dir: str, overwrite: bool, inputs: list, dicom_out: bool = False) -> list:
+def _prediction_writers(
+    output_dir: str, overwrite: bool, inputs: list, dicom_out: bool = False, *, calibration: str | None = None
+) -> list:
     """What ``predict`` writes ``output_dir`` with: ``predictions.csv``, maps and overlays, then per scan
     ``scans.csv`` and NIfTI volumes (it reads the first one's ``predictions.csv``), and with ``dicom_out`` the DICOM
     objects of each DICOM scan (they read both). A non-empty ``output_dir`` is refused here, before any slice is
-    read, unless ``overwrite``."""
+    read, unless ``overwrite``; so is a ``calibration`` file that holds no temperature."""
     from vit_ct.predict.scan_writer import ScanResultsWriter
     from vit_ct.predict.writer import PredictionWriter
 
-    writer = PredictionWriter(output_dir, overwrite=overwrite, inputs=inputs)
+    writer = PredictionWriter(output_dir, overwrite=overwrite, inputs=inputs, calibration=calibration)
     writers = [writer, ScanResultsWriter(writer)]
     if dicom_out:
         from vit_ct.predict.dicom_scan import DicomObjectsWriter

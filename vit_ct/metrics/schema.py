@@ -25,6 +25,9 @@ class PredictionColumns:
     prob_tta: str = "prob_tta"
     """Where the map is read over shifted grids (``--model.map_shifts`` > 1): ``prob`` as the mean over those passes
     (test-time augmentation), beside the single pass's; ``prob_tta_<class>`` for multi-class and multi-label runs."""
+    prob_calibrated: str = "prob_calibrated"
+    """With ``vit-ct predict --calibration FILE`` (binary runs): ``prob`` after the temperature scaling that
+    ``vit-ct report`` fitted, ``sigmoid(logit(prob) / T)``; ``prob``, which the metrics read, stays the model's."""
     label: str = "label"
     """The manifest's class index, where known. Multi-label runs write ``label_<name>`` instead (:meth:`labels`)."""
     rollout: str = "rollout"
@@ -186,6 +189,8 @@ class RunRecord(TypedDict):
     """``binary``, ``multiclass`` or ``multilabel``."""
     class_names: list[str]
     """The outputs' names, as the ``prob_<class>`` columns name them."""
+    calibration: dict | None
+    """With ``--calibration``: ``{"file": the calibration.json, resolved, "temperature": T}``; else None."""
 
 
 RUN_JSON = "run.json"

@@ -25,6 +25,7 @@ from vit_ct.explain.overlay import render_overlay, save_png
 from vit_ct.files import atomic_write, remove_leftovers
 from vit_ct.metrics.lesion_probability import scan_column
 from vit_ct.metrics.schema import PREDICTIONS, RUN_JSON, RunRecord
+from vit_ct.metrics.temperature import read_temperature, scale
 from vit_ct.model.inference import Inference
 from vit_ct.run.interrupts import deferred_interrupts
 
@@ -42,7 +43,7 @@ def save_npy(array: np.ndarray, path: Path) -> None:
         np.save(f, array)
 
 
-def run_record(trainer, pl_module) -> RunRecord:
+def run_record(trainer, pl_module, calibration: dict | None = None) -> RunRecord:
     """What ``OUT/run.json`` records: the checkpoint, how it saw its input, and where the slices' paths in
     ``predictions.csv`` are relative to (the manifest's folder), so that a review opens ``OUT`` without the model."""
     data = trainer.datamodule
@@ -55,6 +56,7 @@ def run_record(trainer, pl_module) -> RunRecord:
         input=pl_module.input_contract.to_dict() if pl_module.input_contract is not None else None,
         task=pl_module.task,
         class_names=list(pl_module.class_names),
+        calibration=calibration,
     )
 
 
@@ -136,6 +138,7 @@ class PredictionWriter(BasePredictionWriter):
         overwrite: Replace a non-empty ``OUT`` (an earlier run's outputs): none of its files survive.
         inputs: Files the run reads (checkpoint, manifest); ``overwrite`` refuses an ``OUT`` that holds one.
         window: (centre, width) HU of the overlay's grey image.
+        calibration: A ``calibration.json`` of ``vit-ct report``: ``prob_calibrated`` beside ``prob`` (binary runs).
     """
 
     def __init__(
@@ -145,11 +148,17 @@ class PredictionWriter(BasePredictionWriter):
         overwrite: bool = False,
         inputs: Iterable[str | Path] = (),
         window: tuple[float, float] = DISPLAY_WINDOW,
+        calibration: str | Path | None = None,
     ) -> None:
         super().__init__(write_interval="batch")
         self.destination = Path(output_dir).resolve()  # a link to a folder: its target is replaced, the link kept
         self.overwrite = overwrite
-        self.inputs = [Path(p) for p in inputs]
+        # the calibration file is an input too: an --overwrite of the folder holding it is refused
+        self.inputs = [Path(p) for p in (*inputs, *([calibration] if calibration is not None else []))]
+        # read before any slice: a file without a temperature is refused at once
+        self.calibration = None
+        if calibration is not None:
+            self.calibration = {"file": str(Path(calibration).resolve()), "temperature": read_temperature(calibration)}
         remove_leftovers(self.destination.parent)  # a killed run's partial folder, also when this run is refused
         check_output_dir(self.destination, overwrite=overwrite, inputs=self.inputs)
         self.output_dir = self.destination
@@ -157,6 +166,9 @@ class PredictionWriter(BasePredictionWriter):
         self.rows: list[dict] = []
 
     def setup(self, trainer, pl_module, stage: str) -> None:
+        if self.calibration is not None and pl_module.task != "binary":
+            raise ValueError(f"--calibration {self.calibration['file']}: a temperature of P(lesion) applies to binary"
+                             f" runs (one prob column); this model is {pl_module.task}")  # fmt: skip
         check_output_dir(self.destination, overwrite=self.overwrite, inputs=self.inputs)  # again: OUT may have changed
         # rank 0's pid and token on every rank: one partial folder per run, which no other run's files can be in
         token = trainer.strategy.broadcast(f"{os.getpid()}-{secrets.token_hex(4)}")
@@ -205,10 +217,13 @@ class PredictionWriter(BasePredictionWriter):
             table = pd.concat(frames).drop_duplicates(PREDICTIONS.index).sort_values(PREDICTIONS.index)
             table = table.drop(columns=PREDICTIONS.index)
             table = table.drop(columns=unmeasured_distances(table))
+            if self.calibration is not None:  # beside prob, which the metrics and the review read as the model gave it
+                calibrated = scale(table[PREDICTIONS.prob].to_numpy(), self.calibration["temperature"])
+                table.insert(table.columns.get_loc(PREDICTIONS.prob) + 1, PREDICTIONS.prob_calibrated, calibrated)
             with atomic_write(self.output_dir / PREDICTIONS.file) as tmp:
                 table.to_csv(tmp, index=False)
             with atomic_write(self.output_dir / RUN_JSON) as tmp:  # where the slices are: the review reads them
-                tmp.write_text(json.dumps(run_record(trainer, pl_module), indent=2) + "\n")
+                tmp.write_text(json.dumps(run_record(trainer, pl_module, self.calibration), indent=2) + "\n")
             for p in parts:
                 p.unlink()
         trainer.strategy.barrier()

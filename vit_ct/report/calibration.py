@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from vit_ct.metrics.temperature import logit, scale, sigmoid
+
+__all__ = ["BINS", "calibration_scores", "fit_temperature", "reliability", "scale"]
+
 BINS = 15  # equal-width bins of P(lesion) over [0, 1], as torchmetrics' BinaryCalibrationError(n_bins=15)
 MIN_TEMPERATURE = 0.01  # validation slices P(lesion) separates perfectly fit T -> 0: it stops here
-_CLIP = 1e-7  # P(lesion) of exactly 0 or 1 has an infinite logit; the fit reads them as 1e-7 from the edge
 
 
 def bin_index(prob: np.ndarray, bins: int = BINS) -> np.ndarray:
@@ -42,17 +45,6 @@ def reliability(prob: np.ndarray, label: np.ndarray, bins: int = BINS) -> list[d
     return rows
 
 
-def logit(prob: np.ndarray) -> np.ndarray:
-    """log(p / (1 - p)), P(lesion) read 1e-7 from the edges (0 and 1 have infinite logits)."""
-    prob = np.clip(prob, _CLIP, 1 - _CLIP)
-    return np.log(prob) - np.log1p(-prob)
-
-
-def sigmoid(x: np.ndarray) -> np.ndarray:
-    """1 / (1 + exp(-x)), without overflow for large |x|."""
-    return 0.5 * (1.0 + np.tanh(0.5 * x))
-
-
 def fit_temperature(prob: np.ndarray, label: np.ndarray, *, steps: int = 50) -> float:
     """The T > 0 that minimises the negative log-likelihood of ``sigmoid(logit(prob) / T)`` on these cases.
 
@@ -78,8 +70,3 @@ def fit_temperature(prob: np.ndarray, label: np.ndarray, *, steps: int = 50) -> 
     if beta <= 0:
         raise ValueError("temperature scaling: P(lesion) ranks the validation cases backwards (no T > 0 fits)")
     return float(1.0 / beta)
-
-
-def scale(prob: np.ndarray, temperature: float) -> np.ndarray:
-    """P(lesion) after temperature scaling: ``sigmoid(logit(prob) / T)``; the order of cases (AUROC) is unchanged."""
-    return sigmoid(logit(prob) / temperature)

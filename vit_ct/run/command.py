@@ -50,7 +50,13 @@ from vit_ct.run.wandb_runs import (
 PredictionWriters = Callable[[str, bool, list, bool], list[Callback]]
 # Options of one subcommand. The others accept them too, hidden from their help, so that a config written for every
 # subcommand (demo.yaml's `test_after_fit`) or a run's saved config.yaml (`output_dir: null`) still loads anywhere.
-OWN_OPTIONS = {"test_after_fit": "fit", "output_dir": "predict", "overwrite": "predict", "dicom_out": "predict"}
+OWN_OPTIONS = {
+    "test_after_fit": "fit",
+    "output_dir": "predict",
+    "overwrite": "predict",
+    "dicom_out": "predict",
+    "calibration": "predict",
+}
 HELP = {
     "test_after_fit": "Test the weights the fit keeps (see --checkpoint.monitor) on the test split after fitting.",
     "output_dir": "Folder to write predictions.csv, the maps and overlays (and scans.csv) into; a folder that is not"
@@ -58,6 +64,8 @@ HELP = {
     "overwrite": "Replace a non-empty --output_dir: no file of its old outputs is kept.",
     "dicom_out": "Also write, per scan read from a DICOM series, a Parametric Map of the rollout, a SEG of its"
     " half-maximum region and Secondary Captures of the overlays in the scan's study, under OUT/dicom/<scan>/.",
+    "calibration": "A calibration.json written by vit-ct report (the temperature it fitted on validation slices):"
+    " predictions.csv then also holds prob_calibrated, P(lesion) after temperature scaling (binary runs).",
 }
 
 
@@ -95,6 +103,7 @@ def add_own_options(parser: LightningArgumentParser, subcommand: str | None) -> 
         parser.add_argument("--output_dir", type=str | None, default=None, help=shown("output_dir"))
     parser.add_argument("--overwrite", type=bool, default=False, help=shown("overwrite"))
     parser.add_argument("--dicom_out", type=bool, default=False, help=shown("dicom_out"))
+    parser.add_argument("--calibration", type=str | None, default=None, help=shown("calibration"))
     if subcommand in ("validate", "test"):
         parser.set_defaults(verbose=False)  # vit-ct prints the figures itself, once (Lightning's table: --verbose)
 
@@ -276,7 +285,11 @@ class VitCTCLI(LightningCLI):
         inputs = [p for p in (config.get("ckpt_path"), getattr(self.datamodule, "manifest", None)) if p]
         # before reading any slice: a non-empty OUT is refused at once
         writers = self.prediction_writers(
-            config["output_dir"], bool(config.get("overwrite")), inputs, bool(config.get("dicom_out"))
+            config["output_dir"],
+            bool(config.get("overwrite")),
+            inputs,
+            bool(config.get("dicom_out")),
+            calibration=config.get("calibration"),
         )
         self._check_data("predict")
         # predict writes no checkpoints (without the callback, restoring its state cannot warn about its folder),
