@@ -11,7 +11,7 @@ import pandas as pd
 import pydicom
 import pytest
 import torch
-from conftest import TINY_MODEL_ARGS
+from conftest import TINY_MODEL_ARGS, tiny_data_args
 from dicom_validation import dciodvfy_findings
 from test_cli import DEMO, _vit_ct
 from test_dicom_objects import KNOWN_WARNINGS, frame_sources
@@ -85,3 +85,28 @@ def test_predict_writes_dicom_objects_of_each_scan_in_its_study(synthetic_set, t
     _predict(folders, tiny_checkpoint, rerun, tmp_path)
     again = pd.read_csv(rerun / "dicom" / "objects.csv", dtype={"scan": str})
     pd.testing.assert_frame_equal(again, objects)  # the same files, series and instance UIDs
+
+
+@pytest.mark.slow
+def test_a_manifest_of_dicom_slices_gets_the_objects_of_each_scan(synthetic_set, tiny_checkpoint, tmp_path):  # noqa: F811
+    """The other input: slices listed in a manifest (the demo's synthetic set, scans by patient), not series folders;
+    each scan's Parametric Map holds its slices' maps as predictions.csv lists them."""
+    out = tmp_path / "out"
+    _vit_ct("predict", "--config", DEMO, *tiny_data_args(synthetic_set), *TINY_MODEL_ARGS, "--ckpt_path",
+            str(tiny_checkpoint), "--data.init_args.predict_split", "test", "--output_dir", str(out), "--dicom_out",
+            "true", cwd=tmp_path)  # fmt: skip
+    predictions = pd.read_csv(out / "predictions.csv", dtype={"scan": str})
+    objects = pd.read_csv(out / "dicom" / "objects.csv", dtype={"scan": str})
+    assert sorted(objects["scan"].unique()) == sorted(predictions["scan"].unique())
+    for scan_id, rows in predictions.groupby("scan"):
+        listed = objects[objects["scan"] == scan_id].set_index("kind")
+        assert (listed.index == "sc").sum() == len(rows)  # an overlay per slice
+        pm = pydicom.dcmread(out / listed.loc["pm", "file"])
+        maps = {pydicom.dcmread(synthetic_set.parent / image).SOPInstanceUID: np.load(out / rollout)
+                for image, rollout in zip(rows["image"], rows["rollout"], strict=True)}  # fmt: skip
+        assert sorted(frame_sources(pm)) == sorted(maps)
+        for frame, uid in zip(pm.pixel_array.reshape(-1, *pm.pixel_array.shape[-2:]), frame_sources(pm), strict=True):
+            assert np.abs(frame - maps[uid]).max() == 0
+        for kind in ("pm", "seg"):
+            errors, _ = dciodvfy_findings(out / listed.loc[kind, "file"])
+            assert errors == [], f"{scan_id} {kind}: {errors}"
