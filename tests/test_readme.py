@@ -28,9 +28,6 @@ VENV = Path(sys.executable).parent.parent
 # Commands not run here, each with its reason: only what needs the network, a GPU, a server of its own, or would run
 # this suite itself.
 SKIPPED = {
-    ("Orthanc",): "starts a PACS that runs until stopped (tests/orthanc.py starts one per test module)",
-    ("vit-ct", "pacs"): "needs a DICOMweb server holding the study (tests/test_pacs.py runs the round trip against"
-    " Orthanc)",
     ("make", "test"): "runs the whole test suite, this test included",
     (".venv/bin/pytest",): "runs the test suite, this test included",
     ("torchrun",): "needs GPU nodes and a rendezvous host ($HEAD)",
