@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -38,6 +39,13 @@ def run_vit_ct(*args: str, cwd: Path) -> None:
     command = [str(Path(sys.executable).with_name("vit-ct")), *args]
     result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+
+
+def free_port() -> int:
+    """A TCP port on the loopback interface that nothing listens on now (for a test's own server)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def quiet_trainer(**overrides):

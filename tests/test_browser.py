@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import TINY_MODEL_ARGS, load_benchmark, run_vit_ct, tiny_data_args
+from conftest import TINY_MODEL_ARGS, free_port, load_benchmark, run_vit_ct, tiny_data_args
 from PIL import Image
 
 from vit_ct import review
@@ -49,12 +48,6 @@ def browser_installed():
         )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _wait_for(condition, timeout: float, what: str, poll: float = 0.5):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -83,7 +76,7 @@ def lab(synthetic_set, tmp_path):
     papermill.execute_notebook(str(review_notebook.NOTEBOOK), str(tmp_path / "review.ipynb"),
                                parameters=parameters, prepare_only=True, progress_bar=False)  # fmt: skip
 
-    port = _free_port()
+    port = free_port()
     log = (tmp_path / "jupyter.log").open("w")
     with review_notebook._this_python_kernel():  # JUPYTER_PATH: the server's python3 kernel is this interpreter
         env = {**os.environ, "WANDB_MODE": "offline", "JUPYTER_CONFIG_DIR": str(tmp_path / ".jupyter")}

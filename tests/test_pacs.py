@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pydicom
 import pytest
-from orthanc import IN_CI, INSTALL, MISSING, free_port, running_orthanc
+from conftest import free_port
+from orthanc import IN_CI, INSTALL, MISSING, running_orthanc
 from pydicom.data import get_testdata_file
 
 from vit_ct.cli import main

@@ -56,13 +56,6 @@ def check_map(
     return check
 
 
-def check_rollout(
-    model: ViTClassifier, slices: dict[str, torch.Tensor], *, seed: int = 0, batch_size: int = 16
-) -> RandomisationCheck:
-    """The check of ``model``'s attention rollout on ``slices``: :func:`check_map` with its defaults."""
-    return check_map(model, slices, seed=seed, batch_size=batch_size)
-
-
 def write_check(check: RandomisationCheck, output_dir: str | os.PathLike, info: dict) -> tuple[Path, Path]:
     """``output_dir/sanity.json`` (``info`` and the check's numbers) and ``output_dir/sanity.png``."""
     folder = Path(output_dir)
@@ -89,7 +82,7 @@ def main(argv: list[str] | None = None) -> RandomisationCheck:
     split = None if args.split == "all" else args.split
     model, datamodule = load_review(args.ckpt_path, args.manifest, split=split)
     slices = sanity_slices(model, datamodule, args.slices)
-    check = check_rollout(model, slices, seed=args.seed)
+    check = check_map(model, slices, seed=args.seed)  # the rollout
     info = {"ckpt_path": str(args.ckpt_path), "manifest": str(args.manifest), "split": args.split, "seed": args.seed}
     json_path, png_path = write_check(check, args.output_dir, info)
     summary = check.to_dict()
