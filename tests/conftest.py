@@ -33,9 +33,12 @@ DEMO_LEVERS = {
 }
 
 
-def run_vit_ct(*args: str, cwd: Path) -> None:
-    """The installed ``vit-ct`` command in ``cwd`` (W&B offline); fails the test with its output if it fails."""
+def run_vit_ct(*args: str, cwd: Path, pythonpath: Path | None = None) -> None:
+    """The installed ``vit-ct`` command in ``cwd`` (W&B offline; ``pythonpath`` first on its path, e.g. for a probe
+    callback); fails the test with its output if it fails."""
     env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
+    if pythonpath is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pythonpath), env.get("PYTHONPATH")]))
     command = [str(Path(sys.executable).with_name("vit-ct")), *args]
     result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]

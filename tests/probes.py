@@ -85,3 +85,87 @@ class RecordScanMemory(Callback):
         self.folder.mkdir(parents=True, exist_ok=True)
         record = {"rows": rows, "scan_auroc": None if scan_auroc is None else float(scan_auroc)}
         (self.folder / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
+
+
+class HostSyncs(Callback):
+    """Counts, per training step (from one step's end to the next one's: reading the batch, moving and augmenting
+    it, the step, logging, callbacks), the tensor operations that make the host wait for the device where the
+    tensors live on a GPU: reading a value (``.item()``, ``bool()``, ``float()``), ``nonzero`` and boolean masks,
+    whose output size depends on the values. Those inside the model's own step (``model.losses``, the backward pass,
+    the optimizer step) are the model's, the same in any loop, and counted apart. Writes ``path`` (JSON) when training
+    ends: ``{"loop": [per step], "model": [per step], "where": {...}}``."""
+
+    SYNCS = ("_local_scalar_dense", "nonzero", "masked_select", "is_nonzero", "equal", "item")
+
+    def __init__(self, path: str) -> None:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        probe = self
+
+        class Count(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                kwargs = kwargs or {}
+                if probe._syncs(func, args):
+                    part = "model" if probe.inside else "loop"
+                    probe.counts[part] += 1
+                    if part == "loop":
+                        probe.where[_caller()] = probe.where.get(_caller(), 0) + 1
+                return func(*args, **kwargs)
+
+        self.path, self.mode_type, self.mode = Path(path), Count, None
+        self.inside, self.counts, self.steps, self.where = 0, {"loop": 0, "model": 0}, [], {}
+
+    def _syncs(self, func, args) -> bool:
+        import torch
+
+        name = func.__name__.split(".")[0]
+        if name in self.SYNCS:
+            return True
+        indices = args[1] if name in ("index", "index_put", "index_put_") and len(args) > 1 else ()
+        return any(getattr(i, "dtype", None) == torch.bool for i in indices or ())
+
+    def _enter_model(self, method):
+        def wrapped(*args, **kwargs):
+            self.inside += 1
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self.inside -= 1
+
+        return wrapped
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        pl_module.losses = self._enter_model(pl_module.losses)
+        for optimizer in trainer.optimizers:
+            optimizer.register_step_pre_hook(lambda *_: setattr(self, "inside", self.inside + 1))
+            optimizer.register_step_post_hook(lambda *_: setattr(self, "inside", self.inside - 1))
+        self.mode = self.mode_type()
+        self.mode.__enter__()
+
+    def on_before_backward(self, trainer, pl_module, loss) -> None:
+        self.inside += 1
+
+    def on_after_backward(self, trainer, pl_module) -> None:
+        self.inside -= 1
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.steps.append(dict(self.counts, epoch=trainer.current_epoch))
+        self.counts = {"loop": 0, "model": 0}
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.mode.__exit__(None, None, None)
+        steps = self.steps[1:]  # the first step's count began at on_train_start, not at a step's end
+        record = {key: [s[key] for s in steps] for key in ("loop", "model", "epoch")} | {"where": self.where}
+        self.path.write_text(json.dumps(record))
+
+
+def _caller() -> str:
+    """Where a counted operation came from: the innermost frames outside torch."""
+    import traceback
+
+    frames = [
+        f for f in traceback.extract_stack() if not any(s in f.filename for s in ("/torch/", "probes.py", "apply_func"))
+    ]
+    return " < ".join(
+        f"{Path(f.filename).name}:{f.lineno}" for f in reversed(frames[-3:]) if "apply_func" not in f.filename
+    )

@@ -13,6 +13,7 @@ import pytest
 import torch
 from conftest import quiet_trainer
 from lightning.pytorch import Callback
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from vit_ct.run.checkpoint import AtomicCheckpointIO, BestAndLastCheckpoint
@@ -131,6 +132,83 @@ def test_without_validation_last_is_every_epochs_end(tmp_path):
     assert probe.validated == []
     assert probe.seen[BATCHES_PER_EPOCH][0] == BATCHES_PER_EPOCH  # first step of epoch 1: epoch 0's state
     assert_last_is_final_state(tmp_path, trainer, model)
+
+
+class WrittenTwice(BestAndLastCheckpoint):
+    """Lightning's way: ``last.ckpt`` serialised and written again even where the same state was just written."""
+
+    def _save_checkpoint(self, trainer, filepath: str) -> None:
+        ModelCheckpoint._save_checkpoint(self, trainer, filepath)
+
+
+def _without_folder(value, folder: Path):
+    """A loaded checkpoint with ``folder`` taken out of every path string in it (two runs in two folders)."""
+    if isinstance(value, dict):
+        return {_without_folder(k, folder): _without_folder(v, folder) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_without_folder(v, folder) for v in value)
+    return value.replace(str(folder), "") if isinstance(value, str) else value
+
+
+@pytest.mark.parametrize("validation", [0, 1])
+def test_last_is_a_link_to_the_file_of_the_same_state_and_holds_what_a_second_write_would(tmp_path, validation):
+    """Where the epoch's checkpoint (or a new best) holds the state ``last.ckpt`` would, ``last.ckpt`` is a hard link
+    to it, not a second write; its content is what Lightning's second write gives, to the tensor; a later epoch
+    that is not the best gets a ``last.ckpt`` of its own."""
+    scores = [0.5, 0.75, 0.25]  # the third epoch is not the best: last.ckpt must be written, not linked
+    runs = {}
+    for name, kind in (("link", BestAndLastCheckpoint), ("twice", WrittenTwice)):
+        folder = tmp_path / name
+        torch.manual_seed(0)
+        checkpoint = kind(dirpath=folder, monitor="val/auroc" if validation else None, save_last=True,
+                          mode="max", filename="best-{epoch}-{step}")  # fmt: skip
+        probe = SameFileProbe(folder)
+        trainer = quiet_trainer(
+            max_epochs=3, limit_train_batches=BATCHES_PER_EPOCH, limit_val_batches=validation,
+            enable_checkpointing=True, callbacks=[checkpoint, probe], plugins=[AtomicCheckpointIO()],
+        )  # fmt: skip
+        trainer.fit(ScriptedScore(scores))
+        runs[name] = (folder, checkpoint, probe)
+    folder, checkpoint, probe = runs["link"]
+    # epoch 0: the first last.ckpt names itself for the first time (its state differs from the epoch's file)
+    assert probe.linked == ([False, True, True] if not validation else [False, True, False])
+    twice_folder = runs["twice"][0]
+    for epoch in range(2):  # the first last.ckpt (written) and the second (linked), as the next epoch starts
+        a, b = probe.states[epoch], runs["twice"][2].states[epoch]
+        assert a.keys() == b.keys()
+        for key in a:
+            if key == "state_dict":
+                for name, value in a[key].items():
+                    torch.testing.assert_close(value, b[key][name], rtol=0, atol=0, msg=name)
+            elif key == "callbacks":  # the same state under each class's own name
+                renamed = {k.replace("WrittenTwice", "BestAndLastCheckpoint"): v for k, v in b[key].items()}
+                assert a[key].keys() == renamed.keys()
+                for name, state in a[key].items():
+                    for field, value in state.items():
+                        assert str(value) == str(renamed[name][field]), (epoch, name, field)
+            else:
+                assert a[key] == b[key], key
+    assert not list(folder.glob(".*.tmp"))
+
+
+class SameFileProbe(Callback):
+    """After each epoch's checkpoints: whether ``last.ckpt`` is the same file as the latest epoch's checkpoint."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder, self.linked, self.states = folder, [], []
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        if trainer.current_epoch > 0:
+            self._look()
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._look()
+
+    def _look(self) -> None:
+        last = self.folder / "last.ckpt"
+        newest = max(self.folder.glob("best-*.ckpt"), key=lambda p: p.stat().st_mtime_ns)
+        self.linked.append(last.samefile(newest))
+        self.states.append(_without_folder(torch.load(last, weights_only=True), self.folder))
 
 
 def test_the_lightning_internals_vit_ct_relies_on_still_exist():

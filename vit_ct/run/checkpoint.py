@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -248,6 +249,47 @@ class BestAndLastCheckpoint(ModelCheckpoint):
     def _refresh_last(self, trainer: Trainer) -> None:
         if self.save_last:
             save_last_checkpoint(self, trainer)
+
+    def _save_last_checkpoint(self, trainer: Trainer, monitor_candidates: dict[str, torch.Tensor]) -> None:
+        self._writing_last = True
+        try:
+            super()._save_last_checkpoint(trainer, monitor_candidates)
+        finally:
+            self._writing_last = False
+
+    def _save_checkpoint(self, trainer: Trainer, filepath: str) -> None:
+        """Lightning's, except for ``last.ckpt`` at a step where this callback has just written the same state (the
+        epoch's checkpoint without validation, or a new best): then ``last.ckpt`` is a second name for that file, a
+        hard link made atomically, instead of a second serialisation and flush of the same bytes. The two states are
+        the same when the first one already named this ``last.ckpt`` (``last_model_path``), as from the second epoch
+        on. Only with vit-ct's own checkpoint writer (local, synchronous), else Lightning saves as usual."""
+        written = getattr(self, "_written", None)  # (step, last_model_path in the file's state, the file)
+        same_state = written is not None and written[:2] == (trainer.global_step, filepath)
+        if (
+            getattr(self, "_writing_last", False)
+            and same_state
+            and type(trainer.strategy.checkpoint_io) is AtomicCheckpointIO
+        ):
+            if trainer.is_global_zero:
+                link_or_copy(Path(written[2]), Path(filepath))
+            trainer.strategy.barrier("BestAndLastCheckpoint.link")
+            self._last_global_step_saved, self._last_checkpoint_saved = trainer.global_step, filepath
+            if trainer.is_global_zero:
+                for logger in trainer.loggers:
+                    logger.after_save_checkpoint(self)
+            return
+        super()._save_checkpoint(trainer, filepath)
+        self._written = (trainer.global_step, self.last_model_path, filepath)
+
+
+def link_or_copy(source: Path, target: Path) -> None:
+    """``target`` becomes another name of ``source`` (a copy where the file system has no hard links), replacing it
+    atomically and durably: a crash leaves the old ``target`` or the new one."""
+    with atomic_write(target, durable=True) as tmp:
+        try:
+            os.link(source, tmp)
+        except OSError:
+            shutil.copyfile(source, tmp)
 
 
 def _nan(value) -> bool:

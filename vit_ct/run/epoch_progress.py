@@ -16,12 +16,30 @@ from vit_ct.progress import headless_flag, in_jupyter_kernel
 KEYS = ("train/loss_epoch", "train/loss", "val/loss", "val/auroc", "val/scan_auroc")
 
 
+class LoggedLossBar(RichProgressBar):
+    """Lightning's rich progress bar, showing the training loss as it stood at the latest logging step (every
+    ``trainer.log_every_n_steps``). A value logged with ``prog_bar=True`` is read (``.item()``) at every step, which on
+    a GPU makes the host wait for the device each step; this reads one at the interval the logs use."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._loss: dict[str, float] = {}
+
+    def get_metrics(self, trainer, pl_module) -> dict:
+        metrics = super().get_metrics(trainer, pl_module)
+        if trainer.training and (not self._loss or trainer.global_step % max(1, trainer.log_every_n_steps) == 0):
+            loss = trainer.callback_metrics.get("train/loss")
+            if loss is not None:
+                self._loss = {"train/loss": float(loss)}
+        return {**metrics, **self._loss} if trainer.training else metrics
+
+
 def progress_bar() -> RichProgressBar:
-    """Lightning's rich progress bar where someone watches it draw (a terminal, a Jupyter kernel that is not
-    headless); elsewhere a disabled one. Written to a file, rich draws nothing while a stage runs and prints its last
-    frame when it ends, with every figure logged to the bar (a fit's validation figures, again); :class:`EpochLines`
-    prints a line per epoch there instead."""
-    bar = RichProgressBar()
+    """Lightning's rich progress bar (:class:`LoggedLossBar`) where someone watches it draw (a terminal, a Jupyter
+    kernel that is not headless); elsewhere a disabled one. Written to a file, rich draws nothing while a stage runs
+    and prints its last frame when it ends, with every figure logged to the bar (a fit's validation figures, again);
+    :class:`EpochLines` prints a line per epoch there instead."""
+    bar = LoggedLossBar()
     if not (sys.stdout.isatty() or (in_jupyter_kernel() and headless_flag() is not True)):
         bar.disable()  # still the trainer's progress bar: Lightning adds no default one of its own
     return bar

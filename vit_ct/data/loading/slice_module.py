@@ -105,20 +105,23 @@ class SliceDataModule(L.LightningDataModule):
 
     def on_after_batch_transfer(self, batch: CTBatch, dataloader_idx: int) -> CTBatch:
         """Window batches that arrive in HU (the disk cache's), then augment training batches where they are now
-        (GPU or CPU), with a generator seeded by (seed, rank, batch number), so that a resumed run draws what the
-        interrupted one would have drawn."""
+        (GPU or CPU), with generators seeded by (seed, rank, batch number), so that a resumed run draws what the
+        interrupted one would have drawn: the slices' parameters from one on the CPU, the pixels' noise from one on
+        the batch's device (the same generator when that is the CPU)."""
         trainer = self.trainer
         training = trainer is not None and trainer.training
-        generator = None
+        generator = pixels = None
         if training and (self.augment or self.scanner_augment):
             number = trainer.fit_loop.epoch_loop.batch_progress.total.ready  # batches drawn before, checkpointed
             state = np.random.SeedSequence([global_seed(), trainer.global_rank, number]).generate_state(2)
+            seed = int(state[0]) << 32 | int(state[1])
             device = (batch["hu"] if "hu" in batch else batch["image"]).device
-            generator = torch.Generator(device=device).manual_seed(int(state[0]) << 32 | int(state[1]))
+            generator = torch.Generator().manual_seed(seed)
+            pixels = generator if device.type == "cpu" else torch.Generator(device=device).manual_seed(seed)
         if "hu" in batch:
             if training and self.scanner_augment:
-                batch = {**batch, "hu": self.scanner_augmentation(batch["hu"], generator)}
+                batch = {**batch, "hu": self.scanner_augmentation(batch["hu"], pixels)}
             batch = apply_windows(batch, self.windows)
         if not (training and self.augment):
             return batch
-        return self.augmentation(batch, generator)
+        return self.augmentation(batch, generator, pixels)

@@ -48,22 +48,30 @@ class BatchAugmentation:
     contrast_prob: float = 0.3
     gamma: tuple[float, float] = (0.8, 1.25)
 
-    def __call__(self, batch: dict, generator: torch.Generator) -> dict:
+    def __call__(self, batch: dict, generator: torch.Generator, pixels: torch.Generator | None = None) -> dict:
         """The batch with ``image``, ``mask`` and ``head`` augmented (other keys as they are; a new dict).
+
+        Each slice's parameters (a dozen numbers) are drawn on the CPU and the slices that get noise or contrast are
+        chosen there, so that a batch on a GPU is augmented without the host ever waiting for the device.
 
         Args:
             batch: A :class:`~vit_ct.data.loading.datamodule.CTBatch` on any device; ``image`` ``(B, C, S, S)``
                 in [0, 1].
-            generator: Random source on the batch's device.
+            generator: Random source of the parameters, on the CPU.
+            pixels: Random source of the noise, on the batch's device; ``generator`` when the batch is on the CPU.
         """
         image = batch["image"]
         n, device = image.shape[0], image.device
+        pixels = generator if pixels is None else pixels
+        for name, source, where in (("generator", generator, "cpu"), ("pixels", pixels, device.type)):
+            if source.device.type != where:
+                raise ValueError(f"BatchAugmentation: {name} is on {source.device}, expected a {where} generator")
 
         def uniform(low: float, high: float) -> torch.Tensor:
-            return low + (high - low) * torch.rand(n, device=device, generator=generator)
+            return low + (high - low) * torch.rand(n, generator=generator)
 
         def chance(p: float) -> torch.Tensor:
-            return torch.rand(n, device=device, generator=generator) < p
+            return torch.rand(n, generator=generator) < p
 
         flip, moved = chance(self.flip_prob), chance(self.affine_prob)
         theta = self.affine(
@@ -79,15 +87,24 @@ class BatchAugmentation:
         contrasted = chance(self.contrast_prob)
 
         out = dict(batch)
-        out.update(warp({key: batch[key] for key in GEOMETRIC_KEYS}, theta))  # fresh tensors: changed in place below
+        geometric = {key: batch[key] for key in GEOMETRIC_KEYS}
+        out.update(warp(geometric, theta.to(device, non_blocking=True)))  # fresh tensors: changed in place below
         image = out["image"]
-        chosen = noisy.nonzero().squeeze(1)  # noise and contrast only on the slices that drew them
-        if len(chosen):
-            noise = torch.randn((len(chosen), *image.shape[1:]), device=device, generator=generator, dtype=image.dtype)
-            image[chosen] = windowed_noise(image[chosen], noise * std[chosen].view(-1, 1, 1, 1).to(image.dtype))
-        chosen = contrasted.nonzero().squeeze(1)
-        if len(chosen):
-            image[chosen] = adjust_contrast(image[chosen], gamma[chosen])
+        # noise and contrast only on the slices that drew them, chosen from numbers on the host (no tensor operation
+        # whose size depends on values: on a GPU that would make the host wait)
+        chosen = [i for i, drawn in enumerate(noisy.tolist()) if drawn]
+        if chosen:
+            index = torch.tensor(chosen)
+            noise = torch.randn((len(chosen), *image.shape[1:]), device=device, generator=pixels, dtype=image.dtype)
+            scale = std[index].view(-1, 1, 1, 1).to(device, image.dtype, non_blocking=True)
+            index = index.to(device, non_blocking=True)
+            image[index] = windowed_noise(image[index], noise * scale)
+        chosen = [i for i, drawn in enumerate(contrasted.tolist()) if drawn]
+        if chosen:
+            index = torch.tensor(chosen)
+            exponent = gamma[index].to(device, non_blocking=True)
+            index = index.to(device, non_blocking=True)
+            image[index] = adjust_contrast(image[index], exponent)
         return out
 
     @staticmethod
@@ -130,12 +147,16 @@ def warp(tensors: dict[str, torch.Tensor], theta: torch.Tensor) -> dict[str, tor
 
 def affine_grid(theta: torch.Tensor, size: int) -> torch.Tensor:
     """``F.affine_grid(theta, (B, C, size, size), align_corners=False)``, built from the pixel centres by broadcasting:
-    the same grid (to float rounding) for a tenth of the time on a CPU, where ``affine_grid``'s batched matrix
-    product dominated the augmentation."""
+    the same grid (to float rounding) for a fraction of the time on a CPU, where ``affine_grid``'s batched matrix
+    product dominated the augmentation. Each coordinate is ``(a * x + b * y) + c``, written straight into the grid
+    in two passes."""
     centres = (2 * torch.arange(size, device=theta.device, dtype=theta.dtype) + 1) / size - 1
-    x, y = centres.view(1, 1, -1), centres.view(1, -1, 1)
-    t = theta[..., None, None]  # (B, 2, 3, 1, 1)
-    return torch.stack([t[:, i, 0] * x + t[:, i, 1] * y + t[:, i, 2] for i in range(2)], dim=-1)
+    grid = theta.new_empty((theta.shape[0], size, size, 2))
+    for i in range(2):
+        a, b, c = (theta[:, i, j, None, None] for j in range(3))  # (B, 1, 1) each
+        torch.add(a * centres.view(1, 1, -1), b * centres.view(1, -1, 1), out=grid[..., i])
+        grid[..., i] += c
+    return grid
 
 
 def windowed_noise(image: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
