@@ -172,7 +172,6 @@ def test_last_is_a_link_to_the_file_of_the_same_state_and_holds_what_a_second_wr
     folder, checkpoint, probe = runs["link"]
     # epoch 0: the first last.ckpt names itself for the first time (its state differs from the epoch's file)
     assert probe.linked == ([False, True, True] if not validation else [False, True, False])
-    twice_folder = runs["twice"][0]
     for epoch in range(2):  # the first last.ckpt (written) and the second (linked), as the next epoch starts
         a, b = probe.states[epoch], runs["twice"][2].states[epoch]
         assert a.keys() == b.keys()
