@@ -145,10 +145,15 @@ def fit_causes(steps: list[dict], batch_size: int) -> dict[str, float]:
     return ms
 
 
-def plain_child(path: str, precision: str, epochs: int, device: str) -> None:
-    """The plain loop, in a process of its own with torch's defaults: prints its milliseconds per step by cause (JSON).
-    On CUDA it synchronises only at the epochs' ends, and reports the total alone."""
+def plain_child(path: str, precision: str, epochs: int, device: str, allocator: bool) -> None:
+    """The plain loop, in a process of its own with torch's defaults (``allocator``: and with glibc's allocator set
+    as vit-ct sets it, :mod:`vit_ct.run.allocator`): prints its milliseconds per step by cause (JSON). On CUDA the
+    causes are the host's time, not synchronised (only the epochs' ends are)."""
     from vit_ct.model import ViTClassifier
+    from vit_ct.run.allocator import keep_freed_memory
+
+    if allocator and not keep_freed_memory():
+        raise SystemExit("the plain loop: glibc's allocator could not be set here")
 
     saved = torch.load(path, weights_only=False)  # this benchmark's own file
     model = ViTClassifier(**saved["hparams"])
@@ -303,13 +308,14 @@ def summarise(runs: dict[str, list[dict]]) -> dict[str, dict[str, float]]:
 
 
 def cause_rows(mean: dict[str, dict[str, float]], precision: str) -> list[list]:
-    fit, plain = mean[f"fit {precision}"], mean[f"plain {precision}"]
+    """Per cause: the fit, the plain loop, their difference, the plain loop with vit-ct's allocator settings, and
+    the fit at ``--before`` where it ran (ms per step); then the page faults per step."""
+    fit, plain, allocator = (mean[f"{name} {precision}"] for name in ("fit", "plain", "allocator"))
     before = mean.get(f"before {precision}")
     rows = []
-    for key, label in (*CAUSES, ("total", "**per step, all of it**")):
-        row = [label, fit.get(key), plain.get(key) if key in plain else 0.0]
-        row.append(None if row[1] is None else row[1] - row[2])
-        rows.append(row + ([before.get(key)] if before else []))
+    for key, label in (*CAUSES, ("total", "**per step, all of it**"), ("page_faults", "page faults per step")):
+        row = [label, fit.get(key), plain.get(key, 0.0), fit.get(key, 0.0) - plain.get(key, 0.0)]
+        rows.append(row + [allocator.get(key, 0.0)] + ([before.get(key)] if before else []))
     return rows
 
 
@@ -326,9 +332,10 @@ def main() -> None:
     parser.add_argument("--fit-args", default="", help='more arguments for every fit, e.g. "--trainer.logger false"')
     parser.add_argument("--no-record", action="store_true", help="print only; write no record")
     parser.add_argument("--plain-child", help=argparse.SUPPRESS)
+    parser.add_argument("--allocator", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.plain_child:
-        return plain_child(args.plain_child, args.precision[0], args.epochs, args.device)
+        return plain_child(args.plain_child, args.precision[0], args.epochs, args.device, args.allocator)
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("training_pace.py --device cuda: no CUDA device here")
     from vit_ct.run.hardware import describe_machine
@@ -343,17 +350,21 @@ def main() -> None:
         for precision in chosen:
             saved, args.batch_size = prepare(folder, root, precision, args.device)
             for repeat in range(args.repeats):
-                settings = [("plain", None), ("fit", ROOT)] + ([("before", before)] if before else [])
+                settings = [("plain", None), ("allocator", None), ("fit", ROOT)]
+                settings += [("before", before)] if before else []
                 for name, code in settings if repeat % 2 == 0 else reversed(settings):
                     key = f"{name} {precision}"
                     print(f"[{time.perf_counter() - begin:6.0f} s] {key}, repeat {repeat + 1}/{args.repeats}",
                           flush=True)  # fmt: skip
-                    result = run_plain(saved, precision, args) if code is None else run_fit(
-                        folder, root, precision, args, code)  # fmt: skip
+                    if code is None:
+                        result = run_plain(saved, precision, args, allocator=name == "allocator")
+                    else:
+                        result = run_fit(folder, root, precision, args, code)
                     runs.setdefault(key, []).append(result)
     mean = summarise(runs)
     tables, figures = {}, {}
-    columns = ["where the step goes (ms per step)", "`vit-ct fit`", "plain loop", "fit - plain"]
+    columns = ["where the step goes (ms per step)", "`vit-ct fit`", "plain loop", "fit - plain",
+               "plain loop, vit-ct's allocator settings"]  # fmt: skip
     if args.before:
         columns.append(f"`vit-ct fit` at {args.before}")
     print(f"\nTraining pace on {describe_machine()}, {args.device}; {why}.")
@@ -362,6 +373,7 @@ def main() -> None:
         tables[f"causes_{precision}"] = table(columns, rows, [None, *[".1f"] * (len(columns) - 1)])
         fit, plain = mean[f"fit {precision}"], mean[f"plain {precision}"]
         figures[f"pace_{precision}"] = plain["total"] / fit["total"]
+        figures[f"pace_same_allocator_{precision}"] = mean[f"allocator {precision}"]["total"] / fit["total"]
         pairs = zip(runs[f"plain {precision}"], runs[f"fit {precision}"], strict=True)
         figures[f"pace_{precision}_repeats"] = [p["total"] / f["total"] for p, f in pairs]
         figures[f"fit_images_per_s_{precision}"] = fit["images_per_s"]
@@ -370,6 +382,7 @@ def main() -> None:
         if args.before:
             figures[f"pace_before_{precision}"] = plain["total"] / mean[f"before {precision}"]["total"]
         print(f"\n{precision}: the fit at {figures[f'pace_{precision}']:.3f} of the plain loop's pace"
+              f" ({figures[f'pace_same_allocator_{precision}']:.3f} of it with vit-ct's allocator settings)"
               + (f" (before: {figures[f'pace_before_{precision}']:.3f})" if args.before else "")
               + f"; {fit['images_per_s']:.1f} images/s, {100 * figures[f'data_wait_share_{precision}']:.1f}% of the"
               " step on the batch\n")  # fmt: skip

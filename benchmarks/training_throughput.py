@@ -1,31 +1,24 @@
-"""Training throughput of vit-ct on CPU, side by side in one run, as a markdown table.
+"""Training throughput of vit-ct on CPU, side by side in one run, as a markdown table. (``vit-ct fit`` of the demo
+against a plain loop, cause by cause: ``benchmarks/training_pace.py``.)
 
-Compares: ``vit-ct fit`` on the demo config as a user runs it, in its own process (the synthetic set read from disk
-and cached, batches augmented, the demo model with its losses), with OpenMP's default waiting and with the passive
-waiting vit-ct used to set, vs a plain PyTorch loop as a user writes it, in its own process with torch's defaults
-(the same model, losses, optimizer and augmented batches, in memory): wall time per step over whole epochs (epoch
-ends included) and the median step, after the first epoch; then (images/s,
-data in memory): the vit-ct Lightning Trainer vs a plain PyTorch loop on the same timm ViT and batches; bf16-mixed
+Compares (images/s, data in memory): the vit-ct Lightning Trainer vs a plain PyTorch loop on the same timm ViT and
+batches; bf16-mixed
 vs fp32, and which one ``precision: auto`` takes on this machine; ``torch.compile`` vs eager for the
 training step and for inference (compile time reported apart); activation checkpointing on vs off (speed, and the
 memory autograd holds for the backward pass); 1 vs 2 DDP processes (gloo) on the same cores; two trainings side by side
 on the same cores with OpenMP's default spin-waiting vs passive waiting. The default model is the
 demo's (ViT-Ti width, 6 blocks, 128 x 128, batch 32). Takes ~6-10 minutes on 2 cores:
 
-    python benchmarks/training_throughput.py [--steps 12] [--warmup 3] [--only-pipeline] [--epochs 3]
+    python benchmarks/training_throughput.py [--steps 12] [--warmup 3]
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import itertools
 import json
 import os
-import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -36,14 +29,11 @@ from lightning.pytorch import Callback
 from torch.utils.data import DataLoader
 
 from vit_ct import ViTClassifier
-from vit_ct.cli import main as vit_ct
 from vit_ct.run.hardware import auto_precision, describe_machine, usable_cpus
 from vit_ct.run.records import RECORDS, command_line, table, write_record
 
 # The demo's network; the in-memory rows train it on random images without masks, so without the mask-supervised losses
 MODEL = {"arch": "vit_tiny_patch16_224", "depth": 6, "img_size": 128, "in_chans": 1, "drop_path_rate": 0.1}
-DEMO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
-DEMO_DATA = Path("data/synthetic").resolve()  # where `make demo` builds the set (built here if it is not)
 
 
 def make_batches(n: int, batch_size: int, img_size: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
@@ -66,143 +56,6 @@ class StepTimer(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.end = time.perf_counter()
-
-
-class PipelineTimer(Callback):
-    """Per training step after ``warmup``: the wait for its batch (from the previous step's end to this one's start:
-    fetching, collating, moving to the device, augmenting) and its compute (forward, backward, optimizer, logging)."""
-
-    def __init__(self, warmup: int) -> None:
-        self.warmup, self.ends, self.waits, self.computes = warmup, [], [], []
-        self._start = None
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        self._start = time.perf_counter()
-        if batch_idx >= self.warmup:
-            self.waits.append(self._start - self.ends[-1])
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self.ends.append(time.perf_counter())
-        if batch_idx >= self.warmup:
-            self.computes.append(self.ends[-1] - self._start)
-
-
-@contextlib.contextmanager
-def working_directory(folder: str):
-    """``contextlib.chdir`` before Python 3.11: the run folder and W&B's files go into ``folder``."""
-    before = os.getcwd()
-    os.chdir(folder)
-    try:
-        yield
-    finally:
-        os.chdir(before)
-
-
-def demo_pipeline(args: argparse.Namespace, precision: str, wait_policy: str | None) -> dict[str, float]:
-    """``vit-ct fit --config configs/demo.yaml`` as a user runs it (its own process; the set read from disk into the
-    cache, batches augmented, the demo model with its losses, checkpoints; no validation, no logger) vs a plain
-    PyTorch loop as a user writes it: its own process with torch's defaults, a copy of the fit's initial model, its
-    losses, AdamW over the same parameter groups, over augmented demo batches already in memory. Both run
-    ``args.epochs`` epochs; the steady state is every epoch after the first (which fills the cache). Reported per
-    step: the wall time over those whole epochs (epoch ends, with their checkpoint, included) and the median step.
-    ``wait_policy``: the fit's OMP_WAIT_POLICY (None: OpenMP's default, what vit-ct leaves a run alone)."""
-    with tempfile.TemporaryDirectory() as folder, working_directory(folder):
-        os.environ.setdefault("WANDB_MODE", "offline")
-        overrides = ["--data.init_args.root", str(DEMO_DATA), "--trainer.precision", precision]
-        cli = vit_ct(["--config", str(DEMO_CONFIG), *overrides], run=False)
-        data, model = cli.datamodule, cli.model
-        data.setup("fit")
-        generator = torch.Generator().manual_seed(0)
-        batches = [data.augmentation(batch, generator) for batch in data.train_dataloader()]  # one epoch's worth
-        start = time.perf_counter()
-        for batch in batches:
-            data.augmentation(batch, generator)
-        augment_ms = 1000 * (time.perf_counter() - start) / len(batches)
-        saved = Path(folder) / "plain.pt"
-        hparams = {k: v for k, v in model.hparams.items() if not k.startswith("_")}  # not the CLI's _instantiator
-        torch.save({"batches": batches, "state_dict": model.state_dict(), "hparams": hparams}, saved)
-        plain = json.loads(run_child(["--plain-child", str(saved), "--precision", precision, "--epochs",
-                                      str(args.epochs)], env=without_openmp()))  # fmt: skip
-        log = Path(folder) / "steps.json"
-        env = without_openmp() | ({"OMP_WAIT_POLICY": wait_policy} if wait_policy else {})
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent), env.get("PYTHONPATH")]))
-        fit = [str(Path(sys.executable).with_name("vit-ct")), "fit", "--config", str(DEMO_CONFIG), *overrides,
-               "--trainer.max_epochs", str(args.epochs), "--trainer.limit_val_batches", "0", "--trainer.logger",
-               "false", "--test_after_fit", "false", "--trainer.callbacks+=training_throughput.StepLog",
-               "--trainer.callbacks.path", str(log)]  # fmt: skip
-        subprocess.run(fit, env=env, check=True, capture_output=True, text=True)
-        steps = json.loads(log.read_text())
-    fit_steps = [s for s in steps if s["epoch"] >= 1]  # after the first epoch
-    fit_whole = (fit_steps[-1]["end"] - steps[[s["epoch"] for s in steps].index(1) - 1]["end"]) / len(fit_steps)
-    fit_median = statistics.median(b["end"] - a["end"] for a, b in itertools.pairwise(steps) if b["epoch"] >= 1)
-    waits = [s["start"] - a["end"] for a, s in itertools.pairwise(steps) if s["epoch"] >= 1]
-    return {
-        "fit_whole_ms": 1000 * fit_whole, "fit_median_ms": 1000 * fit_median, "plain_whole_ms": plain["whole_ms"],
-        "plain_median_ms": plain["median_ms"], "wait_ms": 1000 * statistics.median(waits), "augment_ms": augment_ms,
-        "fit_epochs_s": [e for e in epoch_seconds(steps)],
-    }  # fmt: skip
-
-
-def epoch_seconds(steps: list[dict]) -> list[float]:
-    """Seconds of each epoch from the step log: from the previous epoch's last step (or the first step) to its last."""
-    ends = {}
-    for s in steps:
-        ends[s["epoch"]] = s["end"]
-    marks = [steps[0]["start"], *ends.values()]
-    return [b - a for a, b in itertools.pairwise(marks)]
-
-
-class StepLog(Callback):
-    """Loaded by the timed fit (``--trainer.callbacks+=training_throughput.StepLog``): each training step's epoch,
-    start and end (perf_counter seconds), written to ``path`` when training ends."""
-
-    def __init__(self, path: str) -> None:
-        self.path, self.steps = Path(path), []
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        self.steps.append({"epoch": trainer.current_epoch, "start": time.perf_counter()})
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self.steps[-1]["end"] = time.perf_counter()
-
-    def on_train_end(self, trainer, pl_module) -> None:
-        self.path.write_text(json.dumps(self.steps))
-
-
-def plain_child(path: str, precision: str, epochs: int) -> None:
-    """The plain loop, in a process of its own with torch's defaults: prints per-step milliseconds as JSON."""
-    saved = torch.load(path, weights_only=False)  # this benchmark's own file
-    model = ViTClassifier(**saved["hparams"])
-    model.load_state_dict(saved["state_dict"])
-    model.train()
-    optimizer = torch.optim.AdamW(model.param_groups(), lr=model.hparams.lr)
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if precision.startswith("bf16") else contextlib.nullcontext()
-    times = []
-    for epoch in range(epochs):
-        for batch in saved["batches"]:
-            start = time.perf_counter()
-            with autocast:
-                loss = model.losses(batch)[0]
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            times.append((epoch, start, time.perf_counter()))
-    steady = [(s, e) for epoch, s, e in times if epoch >= 1]
-    print(json.dumps({"whole_ms": 1000 * (steady[-1][1] - steady[0][0]) / len(steady),
-                      "median_ms": 1000 * statistics.median(e - s for s, e in steady)}))  # fmt: skip
-
-
-def without_openmp() -> dict[str, str]:
-    """This environment without OpenMP's variables: torch's defaults, as in a user's shell."""
-    return {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")}
-
-
-def run_child(argv: list[str], env: dict[str, str]) -> str:
-    """Runs this script with ``argv`` in a fresh process; returns its last line (JSON)."""
-    out = subprocess.run([sys.executable, __file__, *argv], env=env, capture_output=True, text=True)
-    if out.returncode:
-        raise RuntimeError(f"{argv[0]} failed:\n{out.stderr[-3000:]}")
-    return out.stdout.strip().splitlines()[-1]
 
 
 def lightning_throughput(model: ViTClassifier, batches: list[dict], warmup: int, **trainer_kwargs) -> float:
@@ -340,10 +193,6 @@ def main(records: Path | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--threads", type=int, default=min(2, usable_cpus()), help="CPU threads in all")
-    parser.add_argument("--only-pipeline", action="store_true", help="only the demo fit vs plain loop rows")
-    parser.add_argument("--epochs", type=int, default=3, help="epochs of the demo fit and of its plain loop")
-    parser.add_argument("--plain-child", help=argparse.SUPPRESS)
-    parser.add_argument("--precision", default="32-true", help=argparse.SUPPRESS)
     parser.add_argument("--ddp-child", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--pair-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -351,27 +200,12 @@ def main(records: Path | None = None) -> None:
         return ddp_child(args.ddp_child, args)
     if args.pair_child:
         return pair_child(args)
-    if args.plain_child:
-        return plain_child(args.plain_child, args.precision, args.epochs)
 
     torch.set_num_threads(args.threads)
     args.begin = time.perf_counter()
     args.records = records
     chosen, reason = auto_precision("cpu")
-    rows, where = [], []
-    for precision in dict.fromkeys(["32-true", chosen]):  # fp32, and bf16 where `auto` takes it
-        for policy, label in ((None, "OpenMP's default waiting (vit-ct now)"), ("PASSIVE", "passive waiting (before)")):
-            run = demo_pipeline(args, precision, policy)
-            name = f"`vit-ct fit` demo, real pipeline vs plain loop in its own process ({precision}, {label})"
-            for kind in ("whole", "median"):
-                fit, plain = run[f"fit_{kind}_ms"], run[f"plain_{kind}_ms"]
-                what = "per step over whole epochs 2-" if kind == "whole" else "median step, epochs 2-"
-                rows.append((f"{name}: {what}{args.epochs}, ms", f"{fit:.0f}", f"{plain:.0f}", plain / fit))
-            epochs = " / ".join(f"{e:.1f}" for e in run["fit_epochs_s"])
-            where.append(f"{precision}, {label}: epochs {epochs} s; {run['wait_ms']:.0f} ms a step waiting for the"
-                         f" batch ({run['augment_ms']:.0f} ms of it augmentation)")  # fmt: skip
-    if args.only_pipeline:
-        return print_table(args, rows, where, chosen, reason)
+    rows = []
     batches = make_batches(args.warmup + args.steps, args.batch_size, MODEL["img_size"])
 
     def fresh(**overrides) -> ViTClassifier:
@@ -407,23 +241,22 @@ def main(records: Path | None = None) -> None:
     rows.append(("one training alone vs each of two side by side (passive waiting)",
                  f"{plain:.1f}", f"{passive:.1f}", plain / passive))  # fmt: skip
 
-    print_table(args, rows, where, chosen, reason)
+    print_table(args, rows, chosen, reason)
 
 
-def print_table(args: argparse.Namespace, rows: list, where: list[str], chosen: str, reason: str) -> None:
+def print_table(args: argparse.Namespace, rows: list, chosen: str, reason: str) -> None:
     print(f"\nvit-ct training throughput on {describe_machine()}; {args.threads} threads, {MODEL['arch']} depth "
           f"{MODEL['depth']}, {MODEL['img_size']}x{MODEL['img_size']}, batch {args.batch_size}, {args.steps} timed "
           f"steps. precision: auto takes {chosen} here ({reason}).\n")  # fmt: skip
-    print("| comparison | A (images/s, MiB or ms) | B | A / B (ms rows: B / A, the fit's speed vs the plain loop's) |")
+    print("| comparison | A (images/s or MiB) | B | A / B |")
     print("|---|---:|---:|---:|")
     for name, a, b, ratio in rows:
         print(f"| {name} | {a} | {b} | {ratio:.2f} |")
-    print("\nWhere the demo fit's step time goes: " + "; ".join(where) + ".")
     if getattr(args, "records", None) is not None:
-        columns = ["comparison", "A (images/s, MiB or ms)", "B", "A / B (ms rows: B / A)"]
+        columns = ["comparison", "A (images/s or MiB)", "B", "A / B"]
         results = table(columns, [list(row) for row in rows], [None, None, None, ".2f"])
-        notes = {"threads": args.threads, "batch": args.batch_size, "steps": args.steps, "epochs": args.epochs,
-                 "model": MODEL, "auto_precision": chosen, "where": where}  # fmt: skip
+        notes = {"threads": args.threads, "batch": args.batch_size, "steps": args.steps,
+                 "model": MODEL, "auto_precision": chosen}  # fmt: skip
         seconds = time.perf_counter() - args.begin
         write_record("training_throughput", {"ratios": [row[3] for row in rows]}, tables={"throughput": results},
                      command=command_line("benchmarks/training_throughput.py"), seconds=seconds, notes=notes,

@@ -90,6 +90,7 @@ def _cli(args: list[str] | None, run: bool):
 
     from vit_ct.data.loading.slice_module import SliceDataModule
     from vit_ct.model import ViTClassifier
+    from vit_ct.run.allocator import keep_freed_memory
     from vit_ct.run.checkpoint import ResumeState
     from vit_ct.run.command import CommandParser, VitCTCLI
     from vit_ct.run.console import quiet_lightning
@@ -110,6 +111,7 @@ def _cli(args: list[str] | None, run: bool):
     use_wandb_offline_unless_configured()
     quiet_wandb_unless_configured()
     use_threads()  # a run alone: every usable CPU (DDP ranks get their share in instantiate_trainer)
+    keep_freed_memory()  # freed blocks stay for the next step instead of being faulted in again (glibc)
     torch.set_float32_matmul_precision("high")
     try:
         cli = VitCTCLI(
