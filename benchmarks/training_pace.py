@@ -113,6 +113,7 @@ class PaceLog(Callback):
         step["optimizer"] = spent["optimizer_end"] - max(spent["optimizer_start"], spent["backward_end"])
 
     def on_train_end(self, trainer, pl_module) -> None:
+        self.steps[-1]["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         self.path.write_text(json.dumps(self.steps))
 
 
@@ -142,6 +143,7 @@ def fit_causes(steps: list[dict], batch_size: int) -> dict[str, float]:
     ms["total"] = 1000 * total / n
     ms["images_per_s"] = 1000 * batch_size / ms["total"]
     ms["page_faults"] = (steady[-1]["faults"] - steps[first - 1]["faults"]) / n
+    ms["peak_rss_mib"] = steps[-1]["peak_rss_mib"]
     return ms
 
 
@@ -195,6 +197,7 @@ def plain_child(path: str, precision: str, epochs: int, device: str, allocator: 
     ms["total"] = 1000 * total / n
     ms["images_per_s"] = len(batches[0]["label"]) * n / total
     ms["page_faults"] = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / n
+    ms["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps(ms))
 
 
@@ -224,17 +227,9 @@ def prepare(folder: Path, root: Path, precision: str, device: str) -> tuple[Path
     return saved, data.batch_size
 
 
-def run_plain(saved: Path, precision: str, args: argparse.Namespace) -> dict[str, float]:
-    argv = [
-        "--plain-child",
-        str(saved),
-        "--precision",
-        precision,
-        "--epochs",
-        str(args.epochs),
-        "--device",
-        args.device,
-    ]
+def run_plain(saved: Path, precision: str, args: argparse.Namespace, allocator: bool) -> dict[str, float]:
+    argv = ["--plain-child", str(saved), "--precision", precision, "--epochs", str(args.epochs)]
+    argv += ["--device", args.device, *(["--allocator"] if allocator else [])]
     out = subprocess.run([sys.executable, __file__, *argv], env=torch_defaults(), capture_output=True, text=True)
     if out.returncode:
         raise RuntimeError(f"the plain loop failed:\n{out.stderr[-3000:]}")
@@ -313,7 +308,8 @@ def cause_rows(mean: dict[str, dict[str, float]], precision: str) -> list[list]:
     fit, plain, allocator = (mean[f"{name} {precision}"] for name in ("fit", "plain", "allocator"))
     before = mean.get(f"before {precision}")
     rows = []
-    for key, label in (*CAUSES, ("total", "**per step, all of it**"), ("page_faults", "page faults per step")):
+    extra = (("page_faults", "page faults per step"), ("peak_rss_mib", "peak resident memory of the process, MiB"))
+    for key, label in (*CAUSES, ("total", "**per step, all of it**"), *extra):
         row = [label, fit.get(key), plain.get(key, 0.0), fit.get(key, 0.0) - plain.get(key, 0.0)]
         rows.append(row + [allocator.get(key, 0.0)] + ([before.get(key)] if before else []))
     return rows
