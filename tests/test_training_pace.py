@@ -1,0 +1,36 @@
+"""The training-pace benchmark's accounting (benchmarks/training_pace.py): a hand-made step log of known durations
+comes back cause by cause, and the causes add up to the wall time."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import load_benchmark
+
+
+def _log() -> list[dict]:
+    """Two epochs of three steps. Every step: read 0.010 s, augment 0.020 s, then 0.500 s in the step: losses 0.150
+    (training_step 0.160: 0.010 of logging), backward 0.300, optimizer 0.020, Lightning 0.020. Epoch 1 opens after
+    an epoch end of 0.100 s beyond its first batch's reading and augmentation."""
+    steps, clock, faults = [], 0.0, 0
+    for epoch in range(2):
+        for i in range(3):
+            clock += 0.010 + 0.020 + (0.100 if epoch == 1 and i == 0 else 0.0)
+            start, clock = clock, clock + 0.500
+            faults += 1000
+            steps.append({"epoch": epoch, "start": start, "end": clock, "augment": 0.020, "losses": 0.150,
+                          "training_step": 0.160, "backward": 0.300, "optimizer": 0.020, "faults": faults})  # fmt: skip
+    steps[-1]["peak_rss_mib"] = 900.0
+    return steps
+
+
+def test_fit_causes_returns_each_known_duration_and_they_add_up():
+    pace = load_benchmark("training_pace")
+    ms = pace.fit_causes(_log(), batch_size=32)
+    expected = {"forward": 150, "backward": 300, "optimizer": 20, "read": 10, "augment": 20, "logging": 10, "loop": 20,
+                "epoch_end": 100 / 3}  # fmt: skip
+    for key, value in expected.items():
+        assert ms[key] == pytest.approx(value, abs=1e-6), key
+    assert ms["total"] == pytest.approx(sum(ms[key] for key, _ in pace.CAUSES), abs=1e-6)
+    assert ms["total"] == pytest.approx(530 + 100 / 3, abs=1e-6)
+    assert ms["images_per_s"] == pytest.approx(32 / (ms["total"] / 1000))
+    assert ms["page_faults"] == 1000 and ms["peak_rss_mib"] == 900.0
