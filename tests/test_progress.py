@@ -66,3 +66,33 @@ def test_a_real_kernel_is_recognised_and_its_bar_has_no_refresh_thread():
         NotebookClient(nb, timeout=120, kernel_name=kernel).execute()
     text = "".join(o.get("text", "") for o in nb.cells[0].outputs if o.output_type == "stream")
     assert text.split() == ["True", "True", "4950"]
+
+
+class _Loss:
+    """A logged loss that counts how often its value is read (each read is a host wait on a GPU)."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def __float__(self) -> float:
+        self.reads += 1
+        return 0.5
+
+
+def test_the_fits_bar_reads_the_loss_at_the_logging_interval_only():
+    from types import SimpleNamespace
+
+    from vit_ct.run.epoch_progress import LoggedLossBar
+
+    loss, bar = _Loss(), LoggedLossBar()
+    trainer = SimpleNamespace(training=True, global_step=0, log_every_n_steps=10, loggers=[], progress_bar_metrics={},
+                              callback_metrics={"train/loss": loss})  # fmt: skip
+    shown = []
+    for step in range(25):
+        trainer.global_step = step
+        for _ in range(3):  # the bar refreshes several times a step
+            shown.append(bar.get_metrics(trainer, None)["train/loss"])
+    assert shown == [0.5] * 75
+    assert loss.reads == 3 * 3  # steps 0, 10 and 20, at each refresh of theirs; no other step reads the value
+    trainer.training = False  # validation: the bar shows validation's own figures
+    assert "train/loss" not in bar.get_metrics(trainer, None)
