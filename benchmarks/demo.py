@@ -2,9 +2,11 @@
 built, the ViT trained, tested and predicted, the report printed), timed from the command to the report, its printed
 report and figures written to ``benchmarks/records/demo.json`` for the README (``make docs``). The copy is a git
 repository of its own, so the run also checks that ``make demo`` changes no tracked file and leaves no file git would
-see. The installed ``.venv`` is reused (no install is timed) and the copy's code is the one imported.
+see. The installed ``.venv`` is reused (no install is timed) and the copy's code is the one imported; with
+``--install`` the copy gets a ``.venv`` of its own, installed by ``make demo`` as on a fresh clone, and the install is
+timed with the rest.
 
-    python benchmarks/demo.py            # 8-15 min on 2 CPU cores; run it alone (flock /tmp/team/training.lock ...)
+    python benchmarks/demo.py [--install]  # 7-15 min on 2 CPU cores; run it alone (flock /tmp/team/training.lock ...)
 """
 
 from __future__ import annotations
@@ -42,11 +44,14 @@ def copy_checkout(destination: Path) -> None:
         subprocess.run([*git, *command], cwd=destination, check=True, capture_output=True)
 
 
-def run_demo(checkout: Path, venv: Path, args: str = "") -> tuple[float, str]:
-    """``make demo`` in ``checkout`` with the installed ``venv`` (never reinstalled) and the Makefile's ``ARGS``; wall
-    seconds and its output."""
+def run_demo(checkout: Path, venv: Path | None, args: str = "") -> tuple[float, str]:
+    """``make demo`` in ``checkout`` with the installed ``venv`` (never reinstalled; None: the copy's own ``.venv``,
+    installed by ``make`` first) and the Makefile's ``ARGS``; wall seconds and its output."""
     env = {**os.environ, "PYTHONPATH": str(checkout)}  # the copy's code, not the editable install's
-    command = ["make", "-C", str(checkout), "demo", f"VENV={venv}", "-o", f"{venv}/.installed", f"ARGS={args}"]
+    env.pop("VIRTUAL_ENV", None)
+    command = ["make", "-C", str(checkout), "demo", f"ARGS={args}"]
+    if venv is not None:
+        command += [f"VENV={venv}", "-o", f"{venv}/.installed"]
     start = time.perf_counter()
     result = subprocess.run(command, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - start
@@ -69,6 +74,7 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> dict:
     parser.add_argument("--venv", type=Path, default=Path(sys.executable).parent.parent, help="the installed venv")
     parser.add_argument("--keep", type=Path, help="build the copy here and keep it (default: a temporary folder)")
     parser.add_argument("--args", default="", help="make demo's ARGS (tests: tiny sizes); such a run writes no record")
+    parser.add_argument("--install", action="store_true", help="a fresh .venv in the copy: the install is timed too")
     args = parser.parse_args(argv)
     folder = args.keep or Path(tempfile.mkdtemp(prefix="vit-ct-demo-"))
     checkout = folder / "vit-ct"
@@ -77,7 +83,7 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> dict:
     git = git_state()
     try:
         copy_checkout(checkout)
-        seconds, output = run_demo(checkout, args.venv.resolve(), args.args)
+        seconds, output = run_demo(checkout, None if args.install else args.venv.resolve(), args.args)
         report = report_of(output).replace(f"{checkout}/", "")  # paths as from the clone's folder, where it ran
         status = subprocess.run(["git", "status", "--porcelain"], cwd=checkout, capture_output=True, text=True)
         summary = json.loads((checkout / "runs" / "latest" / "summary.json").read_text())
@@ -90,7 +96,7 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> dict:
     epochs = [float(m.group(3)) for line in output.splitlines() if (m := EPOCH_LINE.match(line.strip()))]
     metrics = {key: value for key, value in summary.get("metrics", {}).items() if isinstance(value, (int, float))}
     figures = {**metrics, "epochs": len(epochs), "epoch_s_min": min(epochs, default=None),
-               "epoch_s_max": max(epochs, default=None)}  # fmt: skip
+               "epoch_s_max": max(epochs, default=None), "install_included": int(args.install)}  # fmt: skip
     notes = {"report": report, "summary": summary, "rows": counts, "epoch_seconds": epochs,
              "tracked_files_unchanged": not status.stdout.strip(), "git_status_after": status.stdout}  # fmt: skip
     if status.stdout.strip():
