@@ -12,8 +12,8 @@ import pytest
 
 from vit_ct.run import allocator
 
-# 48 MiB blocks, above glibc's largest automatic mmap threshold (32 MiB): by default each is mapped fresh and unmapped on
-# free, so every pass faults its pages in again
+# 48 MiB blocks, above glibc's largest automatic mmap threshold (32 MiB): by default each is mapped fresh and
+# unmapped on free, so every pass faults its pages in again
 PASSES = """
 import json, resource, sys, torch
 from vit_ct.run.allocator import keep_freed_memory
@@ -47,7 +47,11 @@ def test_freed_blocks_are_reused_instead_of_faulted_in_again():
 
 @pytest.mark.parametrize(
     ("name", "value"),
-    [("MALLOC_ARENA_MAX", "2"), ("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=0"), ("LD_PRELOAD", "libjemalloc.so.2")],
+    [
+        ("MALLOC_ARENA_MAX", "2"),
+        ("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=0"),
+        ("LD_PRELOAD", "libjemalloc.so.2"),
+    ],
 )
 def test_the_users_allocator_settings_win(monkeypatch, name, value):
     monkeypatch.setenv(name, value)

@@ -324,11 +324,9 @@ class ViTClassifier(SeesAsCheckpointed):
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         loss, _, parts = self.losses(batch)
         size = batch["image"].shape[0]
-        # not on the progress bar: Lightning reads a bar's values at every step, which on a GPU makes the host wait for
-        # the device each step; the bar shows the logged loss instead (vit_ct.run.epoch_progress.progress_bar)
-        self.log("train/loss", loss, on_step=True, on_epoch=True, batch_size=size)
-        for name, value in parts.items():
-            self.log(f"train/{name}", value, on_step=False, on_epoch=True, batch_size=size)
+        self.log("train/loss", loss, on_step=True, on_epoch=True, batch_size=size)  # not prog_bar: see LoggedLossBar
+        parts = {f"train/{name}": value for name, value in parts.items()}
+        self.log_dict(parts, on_step=False, on_epoch=True, batch_size=size)
         return loss
 
     def validation_step(self, batch: dict, batch_idx: int) -> dict[str, torch.Tensor] | None:
