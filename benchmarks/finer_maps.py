@@ -8,9 +8,7 @@ script it writes ``benchmarks/records/finer_maps.json``.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,7 +25,7 @@ from vit_ct.data.loading.datamodule import CTSliceDataModule  # noqa: E402
 from vit_ct.explain.occlusion import brain_baseline  # noqa: E402
 from vit_ct.explain.sanity import model_randomisation, rollout_map  # noqa: E402
 from vit_ct.model import ViTClassifier  # noqa: E402
-from vit_ct.run.records import RECORDS, command_line, git_state, table, write_record  # noqa: E402
+from vit_ct.run.records import RECORDS, command_line, git_state, table, timed_vit_ct, write_record  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MANIFEST_CONFIG = ROOT / "configs" / "manifest.yaml"  # the user's slices, the checkpoint's input
@@ -68,16 +66,9 @@ def test_metrics(model_args: list[str], manifest: Path, shifts: int) -> dict[str
 
 def timed_predict(model_args: list[str], manifest: Path, shifts: int, out: Path) -> float:
     """Wall seconds of one ``vit-ct predict`` of the test split in a fresh process (this checkout's code)."""
-    command = [sys.executable, "-m", "vit_ct", "predict", *model_args, "--data.manifest", str(manifest),
-               "--data.init_args.predict_split", "test", "--output_dir", str(out), "--overwrite", "true",
-               "--model.map_shifts", str(shifts), "--trainer.enable_progress_bar", "false"]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    start = time.perf_counter()
-    result = subprocess.run(command, env=env, capture_output=True, text=True)
-    seconds = time.perf_counter() - start
-    if result.returncode != 0:
-        raise RuntimeError(f"vit-ct predict failed ({result.returncode}): {result.stderr[-3000:]}")
-    return seconds
+    return timed_vit_ct("predict", *model_args, "--data.manifest", str(manifest), "--data.init_args.predict_split",
+                        "test", "--output_dir", str(out), "--overwrite", "true", "--model.map_shifts", str(shifts),
+                        "--trainer.enable_progress_bar", "false")  # fmt: skip
 
 
 def prediction_aurocs(out: Path) -> dict[str, float]:

@@ -13,29 +13,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
 TARGET_S = 60.0
 
 
 def run_report(out: Path, manifest: Path, report: Path, bootstrap: int) -> float:
     """Wall seconds of one ``vit-ct report`` (``python -m vit_ct``: this checkout's code), which must succeed."""
-    command = [sys.executable, "-m", "vit_ct", "report", str(out), "--manifest", str(manifest), "--output_dir",
-               str(report), "--bootstrap", str(bootstrap)]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    start = time.perf_counter()
-    result = subprocess.run(command, env=env, capture_output=True, text=True)
-    seconds = time.perf_counter() - start
-    if result.returncode != 0:
-        raise RuntimeError(f"vit-ct report failed ({result.returncode}): {result.stderr[-3000:]}")
-    return seconds
+    from vit_ct.run.records import timed_vit_ct
+
+    return timed_vit_ct("report", str(out), "--manifest", str(manifest), "--output_dir", str(report),
+                        "--bootstrap", str(bootstrap))  # fmt: skip
 
 
 def logged_test_auroc(summary: Path) -> float | None:

@@ -15,6 +15,7 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,18 @@ def git_state(folder: Path = ROOT) -> dict[str, Any]:
 def command_line(script: str, argv: list[str] | None = None) -> str:
     """The command as a reader would type it again: ``python SCRIPT ARGS`` (``argv`` None: this process's)."""
     return shlex.join(["python", script, *(sys.argv[1:] if argv is None else argv)])
+
+
+def timed_vit_ct(*args: str) -> float:
+    """Wall seconds of ``python -m vit_ct ARGS`` in a fresh process running this checkout's code (first on
+    PYTHONPATH), as a benchmark times a command a user runs; raises with the end of its stderr if it fails."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    start = time.perf_counter()
+    result = subprocess.run([sys.executable, "-m", "vit_ct", *args], env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if result.returncode != 0:
+        raise RuntimeError(f"vit-ct {args[0]} failed ({result.returncode}): {result.stderr[-3000:]}")
+    return seconds
 
 
 def table(columns: list[str], rows: list[list[Any]], formats: list[str | None] | None = None) -> dict[str, Any]:
