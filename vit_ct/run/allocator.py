@@ -1,12 +1,12 @@
 """glibc's allocator set for training loops: the blocks a step frees are kept for the next step.
 
 With glibc's defaults a training step hands much of the memory it frees back to the kernel (large blocks are
-``mmap``-ed and unmapped on free; the top of the heap is trimmed), and the next step takes it back page by page: on the
-demo's fit each step faulted in ~100 MB of fresh, zeroed pages, a twentieth of a 2-core step
-(``benchmarks/training_pace.py`` measures it). Keeping freed blocks in the heap (a fixed, higher ``mmap`` threshold
-and no trimming below 2 GiB of free top) removes those faults; the peak memory a step needs is unchanged, and the
-process keeps what it has used until it exits. Only on Linux with glibc, and never over the user's own
-``MALLOC_*`` or ``GLIBC_TUNABLES`` settings (or another allocator they preload).
+``mmap``-ed and unmapped on free; the top of the heap is trimmed), and the next step takes it back page by page, as
+fresh zeroed pages: ``benchmarks/training_pace.py`` counts the page faults of the demo's fit per step. Keeping freed
+blocks in the heap (a fixed, higher ``mmap`` threshold and no trimming below 2 GiB of free top) removes those
+faults; the peak memory a step needs is unchanged, and the process keeps what it has used until it exits. Only on
+Linux with glibc, and never over the user's own ``MALLOC_*`` or ``GLIBC_TUNABLES`` settings (or another allocator
+they preload).
 """
 
 from __future__ import annotations

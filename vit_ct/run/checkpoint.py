@@ -187,6 +187,8 @@ class BestAndLastCheckpoint(ModelCheckpoint):
     """
 
     _warned_nan = False
+    _writing_last = False  # inside Lightning's _save_last_checkpoint
+    _written: tuple[int, str, str] | None = None  # the last save: (step, last_model_path in its state, the file)
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
@@ -263,13 +265,9 @@ class BestAndLastCheckpoint(ModelCheckpoint):
         hard link made atomically, instead of a second serialisation and flush of the same bytes. The two states are
         the same when the first one already named this ``last.ckpt`` (``last_model_path``), as from the second epoch
         on. Only with vit-ct's own checkpoint writer (local, synchronous), else Lightning saves as usual."""
-        written = getattr(self, "_written", None)  # (step, last_model_path in the file's state, the file)
+        written = self._written
         same_state = written is not None and written[:2] == (trainer.global_step, filepath)
-        if (
-            getattr(self, "_writing_last", False)
-            and same_state
-            and type(trainer.strategy.checkpoint_io) is AtomicCheckpointIO
-        ):
+        if self._writing_last and same_state and type(trainer.strategy.checkpoint_io) is AtomicCheckpointIO:
             if trainer.is_global_zero:
                 link_or_copy(Path(written[2]), Path(filepath))
             trainer.strategy.barrier("BestAndLastCheckpoint.link")
