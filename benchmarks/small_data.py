@@ -29,6 +29,7 @@ import pandas as pd
 import timm
 import torch
 import torch.nn.functional as F
+import yaml
 from pytorch_grad_cam import GradCAM
 from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
 from sklearn.linear_model import LogisticRegression
@@ -51,6 +52,7 @@ from vit_ct.sim.projector import Kernel
 from vit_ct.sim.synthetic import build_synthetic_dataset
 
 WINDOWS = ["brain", "subdural"]  # as configs/pretrain.yaml and configs/finetune.yaml
+FINETUNE = Path(__file__).resolve().parents[1] / "configs" / "finetune.yaml"
 TOLERANCE_MM = 5.0
 
 # The user's set: the same anatomy model as the pretraining simulator, but another scanner and reconstruction
@@ -105,6 +107,7 @@ class Row:
     masks: bool = False  # train on the lesion masks too; False: the manifest the model sees has no mask column
     labels: str = "slice"  # "scan": the manifest the model sees has one label per scan (scan_label), none per slice
     train: bool = True  # False: score the (pretrained) weights as they are
+    recipe: tuple[tuple[str, object], ...] = ()  # fine-tuned rows: changes to configs/finetune.yaml's model section
 
     @property
     def pretrained(self) -> bool:
@@ -126,6 +129,13 @@ ROWS = {
     "resnet18-256": Row("ResNet-18, scratch", "resnet18", 256),
     "shipped": Row("ViT, shipped weights, not fine-tuned", "vit", 256, start="shipped", train=False),
     "shipped-ft": Row("ViT, shipped, fine-tuned, labels only", "vit", 256, start="shipped"),
+    "shipped-ft-unanchored": Row(
+        "ViT, shipped, fine-tuned, labels only, no anchor",
+        "vit",
+        256,
+        start="shipped",
+        recipe=(("anchor_loss_weight", 0.0),),
+    ),
     "shipped-ft-masks": Row("ViT, shipped, fine-tuned + masks", "vit", 256, start="shipped", masks=True),
     "shipped-ft-scan": Row("ViT, shipped, fine-tuned, scan labels only", "vit", 256, start="shipped", labels="scan"),
     "demo-ft": Row("ViT, demo weights, fine-tuned, labels only", "vit", 192, start="demo"),
@@ -136,7 +146,8 @@ USAGE = """example (the README's table):
       --seeds 0 1 2 --demo runs/latest/checkpoints/last.ckpt --out small_data.md
 
 Rows (--rows): shipped (the weights that ship with vit-ct, --shipped, scored as they are), shipped-ft (fine-tuned
-with labels only, the recipe of configs/finetune.yaml; trained once per --seeds), shipped-ft-scan (the same recipe
+with labels only, the recipe of configs/finetune.yaml, read from it; trained once per --seeds), shipped-ft-unanchored
+(the same without the anchor loss that holds the rollout to the shipped weights'), shipped-ft-scan (the same recipe
 from one label per scan, each patient's one scan: positive when any of its slices is; no slice label, no mask),
 shipped-ft-masks (+ masks: the patch and attention losses on the lesion masks, which a user's set rarely has), demo-
 ft (the demo's weights, --demo, fine-tuned at their 192 x 192), vit-256 and resnet18-256 (from scratch at the held-
@@ -144,7 +155,8 @@ out set's native 256 x 256), and at 128 x 128 resnet18, vit, vit-masks, and vit-
 ft-256 from --pretrained (a checkpoint of configs/pretrain.yaml).
 Every row trains --epochs epochs on the same train split (bf16 autocast where the CPU has native bf16, else fp32;
 batch 16, flips/rotations/scaling/noise), from the same seed, and is scored with its final weights (no checkpoint
-picked on the small validation split).
+picked on the small validation split). The ViT's maps are read as `vit-ct test` reads them: over --map-shifts shifted
+grids (default 2), beside the perfect map on that grid and on the patch grid.
 """
 
 
@@ -186,30 +198,34 @@ class ResNetClassifier(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": schedule}
 
 
+def finetune_recipe() -> dict:
+    """The model section of ``configs/finetune.yaml``, the README's recipe, less the start weights and depth that a
+    row sets: what every fine-tuned row trains with, read from the file so that the two cannot drift apart."""
+    model = yaml.safe_load(FINETUNE.read_text())["model"]
+    return {k: v for k, v in model.items() if k not in ("pretrained", "weights", "depth")}
+
+
 def build_model(row: Row, args: argparse.Namespace) -> L.LightningModule:
-    """The row's network and recipe: ``configs/finetune.yaml`` for fine-tuning (the multiple-instance loss and the
-    rollout trained toward the patch evidence: what acts without masks), a from-scratch rate otherwise."""
+    """The row's network and recipe: ``configs/finetune.yaml``'s for fine-tuning (with the row's changes to it), a
+    from-scratch rate otherwise."""
     common = {"label_smoothing": 0.1, "weight_decay": 0.05}
     if row.model == "resnet18":
         return ResNetClassifier(in_chans=len(WINDOWS), lr=1e-3, warmup_epochs=2.0, **common)
-    recipe = {"lr": 1e-3}
-    if row.pretrained:
-        recipe = {"lr": 1e-4, "layer_decay": 0.75, "warmup_epochs": 5.0, "mil_loss_weight": 1.0}
-        recipe["evidence_attention"] = True  # acts on the slices without a mask: all of them in a labels-only row
     start = {"checkpoint": {"weights": str(args.pretrained)}, "demo": {"weights": str(args.demo)}}
     start["shipped"] = {"pretrained": args.shipped}
+    if row.pretrained:
+        recipe = {**finetune_recipe(), **dict(row.recipe)}
+    else:
+        recipe = {"lr": 1e-3, "drop_path_rate": 0.1, **common}
+        recipe |= {"patch_loss_weight": 1.0, "attention_loss_weight": 1.0} if row.masks else {}
     return ViTClassifier(
         arch="vit_tiny_patch16_224",
         stem="conv",
         depth=6,
         img_size=row.img_size,
         in_chans=len(WINDOWS),
-        patch_loss_weight=1.0 if row.masks else 0.0,
-        attention_loss_weight=1.0 if row.masks else 0.0,
-        drop_path_rate=0.1,
         **start.get(row.start, {}),
         **recipe,
-        **common,
     )
 
 
@@ -296,9 +312,14 @@ def scan_auroc(labels: np.ndarray, probs: np.ndarray, patients: np.ndarray) -> f
     return float(roc_auc_score(scans["label"], scans["prob"]))
 
 
-def evaluate(model: L.LightningModule, test: dict, lesion: torch.Tensor, img_size: int) -> tuple[np.ndarray, dict]:
-    """P(lesion) on every test slice and the localisation of the model's map on the lesion slices."""
+def evaluate(
+    model: L.LightningModule, test: dict, lesion: torch.Tensor, img_size: int, map_shifts: int = 1
+) -> tuple[np.ndarray, dict]:
+    """P(lesion) on every test slice and the localisation of the model's map on the lesion slices (a ViT's rollout
+    over ``map_shifts`` shifted grids; P(lesion) from the unshifted pass)."""
     model.eval()
+    if isinstance(model, ViTClassifier):
+        model.map_shifts = map_shifts
     probs, maps = [], []
     for part in torch.arange(len(test["image"])).split(32):
         images = test["image"][part]
@@ -436,6 +457,10 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> str:
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--val-every", type=int, default=5, help="validate every N epochs (logged, not selected on)")
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument(
+        "--map-shifts", type=int, default=2, choices=(1, 2, 4, 8, 16),
+        help="read the ViT's rollout over this many shifted grids per axis, as vit-ct test does (default %(default)s)",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="also write the table (.md) and every figure (.json beside it)")
     args = parser.parse_args(argv)
@@ -498,11 +523,15 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> str:
                 "auroc_high": hi,
             }
         )
-        perfect = perfect_patch_map(test["mask"][lesion, 0] > 0.5, (size // 16, size // 16))
+        ceilings = [("ceiling: perfect patch map", 16)]
+        if args.map_shifts > 1:  # the ceiling of the grid the maps are read on
+            ceilings.append((f"ceiling: perfect map, {16 // args.map_shifts}-pixel grid", 16 // args.map_shifts))
+        perfect = [(name, perfect_patch_map(test["mask"][lesion, 0] > 0.5, (size // cell, size // cell)))
+                   for name, cell in ceilings]  # fmt: skip
         for name, maps in (
             ("floor: windowed image", test["image"][lesion, 0]),
             ("floor: head mask", test["head"][lesion, 0]),
-            ("ceiling: perfect patch map", perfect),
+            *perfect,
         ):
             results.append(
                 {"name": name, "input": f"{size}", "map": "itself", **score_maps(maps.float(), test, lesion, size)}
@@ -513,13 +542,13 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> str:
             for seed in args.seeds if key in args.seeded_rows and row.train else [args.seed]:
                 seen = data if row.masks else (data_scan_labels if row.labels == "scan" else data_labels_only)
                 model, cost = train(row, seen, args, seed)
-                probs, localisation = evaluate(model, test, lesion, size)
+                probs, localisation = evaluate(model, test, lesion, size, args.map_shifts)
                 auroc, lo, hi = patient_bootstrap_auroc(labels, probs, patients, seed=args.seed)
                 localisation["scan_auroc"] = scan_auroc(labels, probs, patients)
                 best_state = cost.pop("best_val_state", None)
                 if best_state is not None:  # the checkpoint rule "best val/auroc", scored beside the final weights
                     model.load_state_dict(best_state)
-                    best_probs, best_maps = evaluate(model, test, lesion, size)
+                    best_probs, best_maps = evaluate(model, test, lesion, size, args.map_shifts)
                     cost["best_val_test_auroc"] = float(roc_auc_score(labels, best_probs))
                     cost["best_val_test_pointing"] = best_maps["pointing"]
                 runs.append(
@@ -578,6 +607,7 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> str:
     if records is not None:
         results_table, figures = record_of(results)
         notes = {"family": family, "set": described, "epochs": args.epochs, "seeds": args.seeds,
+                 "map_shifts": args.map_shifts,
                  "rules": rules, "lesion_slices": int(lesion.sum()), "threads": torch.get_num_threads()}  # fmt: skip
         write_record(f"small_data_{family}", figures, command=command, tables={"small_data": results_table},
                      seconds=seconds, notes=notes, folder=records)  # fmt: skip

@@ -8,6 +8,7 @@ groups and schedule :mod:`vit_ct.model.optim`.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 from functools import partial
 from typing import Literal
@@ -83,6 +84,10 @@ class ViTClassifier(SeesAsCheckpointed):
             maximum (large).
         evidence_attention: On positive slices without a lesion mask, train the rollout toward the patch head's own
             evidence (the softmax of its logits, detached), as the masks train it where they exist.
+        anchor_loss_weight: Weight of the anchor loss, for fine-tuning: the KL divergence of this model's rollout
+            from that of the start weights (``weights`` or ``pretrained``, a frozen copy run on the same batch), on
+            every slice with something in it, so that fine-tuning keeps what the start weights' maps could show
+            (the model is held, its maps are never edited). Needs start weights; 0 switches it off.
         class_weights: Per-class loss weights (e.g. ``[1.0, 3.0]`` against class imbalance); per-label positive
             weights when ``multilabel``.
         label_smoothing: Label smoothing of the cross-entropy.
@@ -142,6 +147,7 @@ class ViTClassifier(SeesAsCheckpointed):
         mil_loss_weight: float = 0.0,
         mil_sharpness: float = 5.0,
         evidence_attention: bool = False,
+        anchor_loss_weight: float = 0.0,
         class_weights: list[float] | None = None,
         label_smoothing: float = 0.0,
         label_weights: list[float] | None = None,
@@ -202,6 +208,10 @@ class ViTClassifier(SeesAsCheckpointed):
         self.configure_metrics()
         if start is not None:
             load_start(self, start, arguments, own_architecture=bool(own))
+        # The start network, frozen, that the anchor loss holds the rollout to: no submodule (neither in the
+        # checkpoint nor in the optimiser or DDP); rebuilt from the start weights whenever a fit builds the model.
+        anchor = copy.deepcopy(self.vit).eval().requires_grad_(False) if anchor_loss_weight > 0 and start else None
+        object.__setattr__(self, "_anchor", anchor)
 
     def configure_models(self) -> None:
         """The network (timm's ViT, conv stem or timm's patch embedding, air patches skipping the blocks) and the
@@ -236,7 +246,7 @@ class ViTClassifier(SeesAsCheckpointed):
             patch_size=h.patch_size, num_prefix_tokens=self.num_prefix, grid_size=self.vit.patch_embed.grid_size,
             patch_weight=h.patch_loss_weight, mil_weight=h.mil_loss_weight, mil_sharpness=h.mil_sharpness,
             attention_weight=h.attention_loss_weight, attention_target=h.attention_target,
-            evidence_attention=h.evidence_attention,
+            evidence_attention=h.evidence_attention, anchor_weight=h.get("anchor_loss_weight", 0.0),
         )  # fmt: skip
         self.scan_bags = ScanBags(self.task, h.patch_size, self.num_prefix, sharpness=h.mil_sharpness,
                                   mil_weight=h.mil_loss_weight if self.patch_head is not None else 0.0)  # fmt: skip
@@ -297,17 +307,22 @@ class ViTClassifier(SeesAsCheckpointed):
         """The batch's loss: classification, plus the patch, multiple-instance and attention losses where the batch
         holds what they score (lesion masks, labels), each weighted; in float32, also under AMP."""
         image, label = batch["image"], batch["label"]
-        if self.patch_losses.attention_weight > 0:
+        anchor = self._anchor if self.patch_losses.anchor_weight > 0 else None
+        if self.patch_losses.attention_weight > 0 or anchor is not None:
             with record_attention(self, head_fusion="mean", keep_graph=True) as attentions:
                 tokens = self.vit.forward_features(image, checkpoint_blocks=False)  # (B, T, D)
         else:
             attentions, tokens = None, self.vit.forward_features(image)
+        held = None
+        if anchor is not None:  # the start network's attention on the same slices
+            with torch.no_grad(), record_attention(anchor, head_fusion="mean") as held:
+                anchor.forward_features(image)
         logits = self.vit.forward_head(tokens).float()
         cls = classification_loss(
             logits, label, self.task, class_weights=self.class_weights, label_smoothing=self.label_smoothing
         )
         patch_logits = None if self.patch_head is None else self.patch_head(tokens[:, self.num_prefix :]).squeeze(-1)
-        terms = [("cls_loss", 1.0, cls), *self.patch_losses(batch, patch_logits, attentions)]
+        terms = [("cls_loss", 1.0, cls), *self.patch_losses(batch, patch_logits, attentions, held)]
         if "scan_label" in batch:  # scan labels: the scan is the bag (vit_ct.model.scan_bags)
             ddp = self.training and self._trainer is not None and self._trainer.world_size > 1
             terms += self.scan_bags(batch, logits, patch_logits, remember=self.training, gather=ddp and self.all_gather)
@@ -318,7 +333,17 @@ class ViTClassifier(SeesAsCheckpointed):
                 loss = loss + weight * part
         return Losses(loss, logits, parts)
 
+    def _apply(self, fn, recurse: bool = True):
+        """Moves and casts (``.to``, ``.half``, ...) reach the anchor's frozen start network too, which is no
+        submodule."""
+        if getattr(self, "_anchor", None) is not None:
+            self._anchor._apply(fn, recurse)
+        return super()._apply(fn, recurse)
+
     def on_fit_start(self) -> None:
+        if self.patch_losses.anchor_weight > 0 and self._anchor is None:
+            raise ValueError("model.anchor_loss_weight > 0 holds the rollout to the start weights' rollout: give"
+                             " --model.pretrained or --model.weights (or set it to 0)")  # fmt: skip
         self.scan_bags.memory.reset()  # rows of another fit's training split are not this one's
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:

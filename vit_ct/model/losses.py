@@ -1,7 +1,8 @@
 """The losses of :class:`vit_ct.model.classifier.ViTClassifier`, as pure functions of tensors: the slice
 classification loss, the patch loss from lesion masks, the multiple-instance loss from slice labels, and the attention
 loss that trains the rollout (arXiv:2005.00928) onto the lesion (its mask, or where no mask exists the model's own
-patch evidence). Each returns None where the batch holds nothing it could score.
+patch evidence), and the anchor loss that holds the rollout to the start weights' while fine-tuning. Each returns None
+where the batch holds nothing it could score.
 """
 
 from __future__ import annotations
@@ -113,6 +114,15 @@ def mil_loss(
     return F.binary_cross_entropy_with_logits(pooled, lesion[known].float())
 
 
+def rollout_share(
+    attentions: list[torch.Tensor], *, num_prefix_tokens: int, grid_size: tuple[int, int]
+) -> torch.Tensor:
+    """``(B, N)``: the class token's attention rollout over the patches as a share of the slice (summing to 1), from
+    one ``(B, 1, T, T)`` head-fused attention per block."""
+    rollout = class_token_rollout(attentions, num_prefix_tokens=num_prefix_tokens, grid_size=grid_size).flatten(1)
+    return rollout / rollout.sum(dim=1, keepdim=True).clamp_min(1e-12)
+
+
 def attention_loss(
     attentions: list[torch.Tensor],
     share: torch.Tensor,
@@ -143,16 +153,16 @@ def attention_loss(
         return -(share * attended.clamp_min(1e-6).log()).sum(dim=1).mean()
 
     if target == "rollout":
-        rollout = class_token_rollout(attentions, num_prefix_tokens=num_prefix_tokens, grid_size=grid_size).flatten(1)
-        return cross_entropy(rollout / rollout.sum(dim=1, keepdim=True).clamp_min(1e-12))
+        return cross_entropy(rollout_share(attentions, num_prefix_tokens=num_prefix_tokens, grid_size=grid_size))
     return torch.stack([cross_entropy(a[:, 0, 0, num_prefix_tokens:]) for a in attentions]).mean()
 
 
 @dataclass(frozen=True)
 class PatchLosses:
     """The losses that read the patch tokens and the attention, weighted, for one batch: the patch loss (masks), the
-    multiple-instance loss (labels) and the attention loss (masks, and with ``evidence_attention`` the patch evidence
-    on positive slices without one). A weight of 0 leaves a loss out.
+    multiple-instance loss (labels), the attention loss (masks, and with ``evidence_attention`` the patch evidence
+    on positive slices without one) and the anchor loss (the start network's rollout, on every slice with something
+    in it). A weight of 0 leaves a loss out.
 
     Attributes:
         patch_size: side of a patch in pixels; num_prefix_tokens: class and register tokens; grid_size: the grid.
@@ -167,12 +177,18 @@ class PatchLosses:
     attention_weight: float = 0.0
     attention_target: Literal["rollout", "class_token"] = "rollout"
     evidence_attention: bool = False
+    anchor_weight: float = 0.0
 
     def __call__(
-        self, batch: dict, patch_logits: torch.Tensor | None, attentions: list[torch.Tensor] | None
+        self,
+        batch: dict,
+        patch_logits: torch.Tensor | None,
+        attentions: list[torch.Tensor] | None,
+        anchor: list[torch.Tensor] | None = None,
     ) -> list[tuple[str, float, torch.Tensor | None]]:
         """``(name, weight, loss or None)`` per loss in use, for a batch (``image``, ``label``, ``mask``,
-        ``has_mask``), its patch logits ``(B, N)`` and its recorded attention (None when not recorded)."""
+        ``has_mask``), its patch logits ``(B, N)``, its recorded attention (None when not recorded) and the start
+        network's on the same batch (``anchor``: None when there is none to hold to)."""
         label, mask, has_mask, prefix = batch["label"], batch["mask"], batch["has_mask"], self.num_prefix_tokens
         # the patches that hold something (not only air): the ones pooled and attended to
         patches = attention_keys(batch["image"], self.patch_size, prefix)[:, 0, 0, prefix:]  # (B, N)
@@ -182,7 +198,7 @@ class PatchLosses:
             terms.append(("patch_loss", self.patch_weight, part))
         if self.mil_weight > 0:
             terms.append(("mil_loss", self.mil_weight, mil_loss(patch_logits, patches, label, self.mil_sharpness)))
-        if attentions:
+        if attentions and self.attention_weight > 0:
             share, scored = lesion_share(mask, self.patch_size), has_mask & mask.flatten(1).any(dim=1)
             if self.evidence_attention:
                 evidence = (lesion_label(label) == 1) & ~has_mask
@@ -191,4 +207,11 @@ class PatchLosses:
             part = attention_loss(attentions, share, scored, num_prefix_tokens=self.num_prefix_tokens,
                                   grid_size=self.grid_size, target=self.attention_target)  # fmt: skip
             terms.append(("attention_loss", self.attention_weight, part))
+        if attentions and anchor is not None:
+            held = rollout_share([a.float() for a in anchor], num_prefix_tokens=prefix, grid_size=self.grid_size)
+            scored = patches.any(dim=1)
+            part = attention_loss(attentions, held, scored, num_prefix_tokens=prefix, grid_size=self.grid_size)
+            if part is not None:  # as the KL divergence from the start's rollout: 0 where the two are the same
+                part = part + (held[scored] * held[scored].clamp_min(1e-6).log()).sum(dim=1).mean()
+            terms.append(("anchor_loss", self.anchor_weight, part))
         return terms
