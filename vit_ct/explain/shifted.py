@@ -19,6 +19,11 @@ import torch
 from vit_ct.data.transforms.windows import AIR_HU, window_hu
 from vit_ct.explain.maps import Explained
 
+# How finely the commands that show maps to a person (`vit-ct predict`, `vit-ct test`, the review) read them unless
+# told otherwise: the setting that scored best on held-out CT within the cost the project allows predict
+# (benchmarks/finer_maps.py). Training's validation reads one pass (map_shifts 1), so that a fit does not pay for it.
+READ_SHIFTS = 2
+
 
 def grid_offsets(patch_size: int, shifts: int) -> list[tuple[int, int]]:
     """The ``(dy, dx)`` shifts in pixels of the ``shifts**2`` passes, the unshifted pass first: every pair of

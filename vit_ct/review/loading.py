@@ -14,6 +14,7 @@ import yaml
 from vit_ct.data.loading.datamodule import CTSliceDataModule
 from vit_ct.data.manifests.splits import SPLIT_FRACTIONS
 from vit_ct.data.transforms.windows import parse_windows
+from vit_ct.explain.shifted import READ_SHIFTS
 from vit_ct.model import ViTClassifier
 from vit_ct.run.runs import LATEST_SUMMARY
 
@@ -119,13 +120,15 @@ def load_review(
     split: str | None = "test",
     batch_size: int = 16,
     input_windows=None,
-    map_shifts: int = 1,
+    map_shifts: int | None = None,
 ) -> tuple[ViTClassifier, CTSliceDataModule]:
     """The model of ``ckpt_path`` (None: the latest run's best) in eval mode, reading its rollout over ``map_shifts``
-    shifted grids (``--model.map_shifts`` of predict and test; 1: one pass), and its :func:`review_datamodule`."""
+    shifted grids per axis (``--model.map_shifts`` of predict and test; None: their default, 1: one pass), and its
+    :func:`review_datamodule`."""
     path = resolve_checkpoint(ckpt_path)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = ViTClassifier.load_from_checkpoint(path, map_location=device, map_shifts=map_shifts).eval()
+    shifts = READ_SHIFTS if map_shifts is None else map_shifts
+    model = ViTClassifier.load_from_checkpoint(path, map_location=device, map_shifts=shifts).eval()
     config = run_config(path)
     datamodule = review_datamodule(
         model, manifest, split=split, batch_size=batch_size, config=config, input_windows=input_windows

@@ -83,7 +83,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--split", help="train, val or test (default: test)")
     parser.add_argument("--output_dir", default="outputs/review", help="figures, CSVs, executed notebook")
     parser.add_argument("--n_cases", type=int, help="cases per gallery group (default: 4)")
-    parser.add_argument("--map_shifts", type=int, help="rollout over this many shifted grids per axis (default: 1)")
+    parser.add_argument(
+        "--map_shifts", type=int, help="rollout over this many shifted grids per axis (default: predict's; 1: one pass)"
+    )
     parser.add_argument("--cell_timeout", type=float, help="seconds a cell may run, then stop with an error (no limit)")
     args = vars(parser.parse_args(argv))
     output_dir, cell_timeout = args.pop("output_dir"), args.pop("cell_timeout")

@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from vit_ct.data.loading.datamodule import CTSliceDataModule
+from vit_ct.explain.shifted import READ_SHIFTS
 from vit_ct.model.weights_input import is_checkpoint_file
 from vit_ct.run.checkpoint import AtomicCheckpointIO, BestAndLastCheckpoint, read_checkpoint, read_wandb_run_id
 from vit_ct.run.checkpoint_input import follow_checkpoint
@@ -131,6 +132,8 @@ class VitCTCLI(LightningCLI):
         options that subcommand alone uses."""
         parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
         add_own_options(parser, subcommand)
+        if subcommand in ("test", "predict"):  # maps for a person: finer than fit's validation reads them
+            parser.set_defaults({"model.map_shifts": READ_SHIFTS})
         return parser
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
