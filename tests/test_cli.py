@@ -185,3 +185,15 @@ def test_fit_then_predict_through_the_real_command(synthetic_set, tmp_path):
         assert heat.dtype == np.float32 and heat.shape == source.shape and (heat >= 0).all() and heat.max() > 0
         overlay = np.asarray(Image.open(out / row["overlay"]))
         assert overlay.shape == (*source.shape, 3)
+
+
+def test_predict_and_test_read_the_maps_finer_than_fits_validation_unless_told(capsys):
+    from vit_ct.explain.shifted import READ_SHIFTS
+
+    assert READ_SHIFTS > 1
+    for subcommand, shifts in (("fit", 1), ("validate", 1), ("test", READ_SHIFTS), ("predict", READ_SHIFTS)):
+        extra = ["--output_dir", "out"] if subcommand == "predict" else []
+        parsed = print_config(subcommand, "--config", MANIFEST, "--data.manifest", "my.csv", *extra, capsys=capsys)
+        assert parsed["model"]["map_shifts"] == shifts, subcommand
+    told = print_config("test", "--config", MANIFEST, "--model.map_shifts", "1", capsys=capsys)
+    assert told["model"]["map_shifts"] == 1

@@ -256,7 +256,8 @@ def test_counts_of_one_are_singular(tmp_path, capsys):
 def test_a_fit_prints_its_figures_once_and_none_of_the_noise(tmp_path):
     """A bf16 fit with the default W&B logger and a test after it: vit-ct's list of figures alone (no Lightning table,
     no W&B run summary), no FLOPs it could not count, no bf16 model-summary or W&B git-root warning, one learning
-    rate series, and the final weights called so."""
+    rate series, the final weights called so, and the test's maps read over shifted grids as `vit-ct test` reads
+    them."""
     manifest = write_npy_manifest(tmp_path / "data", train=4, val=4)
     args = [*manifest_args(manifest), "--trainer.max_epochs", "2", "--test_after_fit", "true",
             "--trainer.precision", "bf16-mixed"]  # fmt: skip
@@ -267,6 +268,9 @@ def test_a_fit_prints_its_figures_once_and_none_of_the_noise(tmp_path):
     assert run.returncode == 0, output[-4000:]
     assert len(re.findall(r"^test  auroc \d", run.stdout, flags=re.MULTILINE)) == 1
     assert "rollout_pointing" not in output and re.search(r"^  rollout +\d", run.stdout, flags=re.MULTILINE)
+    # the test reads the maps as `vit-ct test` does, over shifted grids, and scores them against that grid's ceiling;
+    # the fit's validation, one pass: no finer ceiling
+    assert re.search(r"^  perfect_grid +\d", run.stdout, flags=re.MULTILINE)
     for noise in ("Test metric", "Run summary", "Run history", "FLOPs", "not supported by the model summary",
                   "git root", "best checkpoint"):  # fmt: skip
         assert noise not in output, noise

@@ -8,7 +8,6 @@ groups and schedule :mod:`vit_ct.model.optim`.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import replace
 from functools import partial
 from typing import Literal
@@ -19,16 +18,16 @@ from torch import nn
 
 from vit_ct.data.transforms.contract import InputContract
 from vit_ct.explain.attention import record_attention
-from vit_ct.explain.maps import Explained, explain_forward
-from vit_ct.explain.shifted import air_level, shifted_explained
 from vit_ct.metrics.classification import classification_metrics
 from vit_ct.metrics.map_scores import MapMetrics
+from vit_ct.model.anchor import StartAnchor
 from vit_ct.model.checkpointed import SeesAsCheckpointed
 from vit_ct.model.hparams import check_hparams, predated_hparams
 from vit_ct.model.inference import Inference, infer
 from vit_ct.model.losses import Losses, PatchLosses, classification_loss
 from vit_ct.model.network import AirSkippingViT
 from vit_ct.model.optim import param_groups, warmup_cosine_schedule
+from vit_ct.model.reading import MapReader
 from vit_ct.model.scan_bags import ScanBags
 from vit_ct.model.stem import ConvStemPatchEmbed
 from vit_ct.model.weights import choose_stem, load_start, read_start, start_architecture
@@ -37,7 +36,7 @@ from vit_ct.model.weights_input import model_input, weights_input
 STAGES = ("val", "test")
 
 
-class ViTClassifier(SeesAsCheckpointed):
+class ViTClassifier(StartAnchor, MapReader, SeesAsCheckpointed):
     """Slice classifier: P(lesion) for two classes, class probabilities, or per-label probabilities.
 
     The defaults are a plain ViT as timm builds ``arch``, with the classification loss alone; the recipes live in
@@ -208,10 +207,7 @@ class ViTClassifier(SeesAsCheckpointed):
         self.configure_metrics()
         if start is not None:
             load_start(self, start, arguments, own_architecture=bool(own))
-        # The start network, frozen, that the anchor loss holds the rollout to: no submodule (neither in the
-        # checkpoint nor in the optimiser or DDP); rebuilt from the start weights whenever a fit builds the model.
-        anchor = copy.deepcopy(self.vit).eval().requires_grad_(False) if anchor_loss_weight > 0 and start else None
-        object.__setattr__(self, "_anchor", anchor)
+        self.hold_to_start(self.vit if anchor_loss_weight > 0 and start else None)  # rebuilt whenever a fit builds it
 
     def configure_models(self) -> None:
         """The network (timm's ViT, conv stem or timm's patch embedding, air patches skipping the blocks) and the
@@ -307,16 +303,12 @@ class ViTClassifier(SeesAsCheckpointed):
         """The batch's loss: classification, plus the patch, multiple-instance and attention losses where the batch
         holds what they score (lesion masks, labels), each weighted; in float32, also under AMP."""
         image, label = batch["image"], batch["label"]
-        anchor = self._anchor if self.patch_losses.anchor_weight > 0 else None
-        if self.patch_losses.attention_weight > 0 or anchor is not None:
+        held = self.anchor_attention(image) if self.patch_losses.anchor_weight > 0 else None  # the start's attention
+        if self.patch_losses.attention_weight > 0 or held is not None:
             with record_attention(self, head_fusion="mean", keep_graph=True) as attentions:
                 tokens = self.vit.forward_features(image, checkpoint_blocks=False)  # (B, T, D)
         else:
             attentions, tokens = None, self.vit.forward_features(image)
-        held = None
-        if anchor is not None:  # the start network's attention on the same slices
-            with torch.no_grad(), record_attention(anchor, head_fusion="mean") as held:
-                anchor.forward_features(image)
         logits = self.vit.forward_head(tokens).float()
         cls = classification_loss(
             logits, label, self.task, class_weights=self.class_weights, label_smoothing=self.label_smoothing
@@ -333,17 +325,8 @@ class ViTClassifier(SeesAsCheckpointed):
                 loss = loss + weight * part
         return Losses(loss, logits, parts)
 
-    def _apply(self, fn, recurse: bool = True):
-        """Moves and casts (``.to``, ``.half``, ...) reach the anchor's frozen start network too, which is no
-        submodule."""
-        if getattr(self, "_anchor", None) is not None:
-            self._anchor._apply(fn, recurse)
-        return super()._apply(fn, recurse)
-
     def on_fit_start(self) -> None:
-        if self.patch_losses.anchor_weight > 0 and self._anchor is None:
-            raise ValueError("model.anchor_loss_weight > 0 holds the rollout to the start weights' rollout: give"
-                             " --model.pretrained or --model.weights (or set it to 0)")  # fmt: skip
+        self.check_anchor(self.patch_losses.anchor_weight)
         self.scan_bags.memory.reset()  # rows of another fit's training split are not this one's
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
@@ -385,26 +368,6 @@ class ViTClassifier(SeesAsCheckpointed):
         )
         # the slices' probabilities and rows go to callbacks (per-scan AUROC, vit_ct.run.scan_auroc)
         return {"loss": loss, "prob": probs.detach(), "index": batch["index"]}
-
-    def _explained(self, forward, image_shape) -> Explained:
-        h = self.hparams
-        return explain_forward(self, forward, image_shape, head_fusion=h.rollout_head_fusion,
-                               discard_ratio=h.rollout_discard_ratio)  # fmt: skip
-
-    def explain(self, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits and attention rollout ``(B, grid_h, grid_w)`` of a batch from one forward pass (:meth:`explained`)."""
-        explained = self.explained(image)
-        return explained.output, explained.rollout
-
-    def explained(self, image: torch.Tensor, first: Explained | None = None) -> Explained:
-        """Logits, attention rollout and the class token's attention rows per block, from one forward pass without
-        gradients (``map_shifts**2`` passes where ``map_shifts`` > 1, :func:`shifted_explained`; ``first``: the
-        unshifted one, already run). Heads are fused inside the hook and only the class token's row is propagated, so
-        large slices fit (:func:`vit_ct.explain.maps.explain_forward`, with this model's rollout settings)."""
-        fill = air_level(self.input_contract.windows, image.shape[1])
-        with torch.no_grad():
-            return shifted_explained(lambda x: self._explained(lambda: self(x), x.shape), image, first=first,
-                                     patch_size=self.hparams.patch_size, shifts=self.map_shifts, fill=fill)  # fmt: skip
 
     def predict_step(self, batch: dict, batch_idx: int) -> Inference:
         """Probabilities, rollout, attention sink and localisation scores of each slice (:func:`infer`)."""

@@ -8,7 +8,6 @@ predict writes its outputs with (the ``predict`` room sits above this one).
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import os
 import sys
@@ -36,6 +35,7 @@ from vit_ct.run.console import DEBUG
 from vit_ct.run.hardware import accelerator_name, describe_machine, resolve_precision
 from vit_ct.run.help import DESCRIPTION, SUBCOMMANDS
 from vit_ct.run.model_summary import ModelSummaryTable
+from vit_ct.run.options import OWN_OPTIONS, add_own_options
 from vit_ct.run.runs import BadFilesReport, run_dir, write_summary
 from vit_ct.run.summary import checkpoint_label, kept_checkpoint, metric_lines
 from vit_ct.run.threads import share_cores_with_children, use_threads
@@ -49,25 +49,6 @@ from vit_ct.run.wandb_runs import (
 
 # predict's writers, given by the command that builds the CLI: (output_dir, overwrite, inputs, dicom_out) -> callbacks
 PredictionWriters = Callable[[str, bool, list, bool], list[Callback]]
-# Options of one subcommand. The others accept them too, hidden from their help, so that a config written for every
-# subcommand (demo.yaml's `test_after_fit`) or a run's saved config.yaml (`output_dir: null`) still loads anywhere.
-OWN_OPTIONS = {
-    "test_after_fit": "fit",
-    "output_dir": "predict",
-    "overwrite": "predict",
-    "dicom_out": "predict",
-    "calibration": "predict",
-}
-HELP = {
-    "test_after_fit": "Test the weights the fit keeps (see --checkpoint.monitor) on the test split after fitting.",
-    "output_dir": "Folder to write predictions.csv, the maps and overlays (and scans.csv) into; a folder that is not"
-    " empty is refused unless --overwrite true.",
-    "overwrite": "Replace a non-empty --output_dir: no file of its old outputs is kept.",
-    "dicom_out": "Also write, per scan read from a DICOM series, a Parametric Map of the rollout, a SEG of its"
-    " half-maximum region and Secondary Captures of the overlays in the scan's study, under OUT/dicom/<scan>/.",
-    "calibration": "A calibration.json written by vit-ct report (the temperature it fitted on validation slices):"
-    " predictions.csv then also holds prob_calibrated, P(lesion) after temperature scaling (binary runs).",
-}
 
 
 class CommandParser(LightningArgumentParser):
@@ -88,25 +69,6 @@ class CommandParser(LightningArgumentParser):
             said = f"--{key} is required" + (": the folder to write the outputs into" if key == "output_dir" else "")
         sys.stderr.write(f"{prog}: error: {said} (`{prog} --help` lists the options)\n")
         sys.exit(2)
-
-
-def add_own_options(parser: LightningArgumentParser, subcommand: str | None) -> None:
-    """``--test_after_fit`` (fit), ``--output_dir`` (predict, required) and ``--overwrite`` (predict), each shown
-    only in its subcommand's help (``subcommand`` None: the parser of a CLI that runs nothing, which shows all)."""
-
-    def shown(name: str) -> str:
-        return HELP[name] if OWN_OPTIONS[name] == subcommand or subcommand is None else argparse.SUPPRESS
-
-    parser.add_argument("--test_after_fit", type=bool, default=False, help=shown("test_after_fit"))
-    if subcommand == "predict":
-        parser.add_argument("--output_dir", type=str, required=True, help=shown("output_dir"))
-    else:
-        parser.add_argument("--output_dir", type=str | None, default=None, help=shown("output_dir"))
-    parser.add_argument("--overwrite", type=bool, default=False, help=shown("overwrite"))
-    parser.add_argument("--dicom_out", type=bool, default=False, help=shown("dicom_out"))
-    parser.add_argument("--calibration", type=str | None, default=None, help=shown("calibration"))
-    if subcommand in ("validate", "test"):
-        parser.set_defaults(verbose=False)  # vit-ct prints the figures itself, once (Lightning's table: --verbose)
 
 
 class VitCTCLI(LightningCLI):
@@ -132,8 +94,6 @@ class VitCTCLI(LightningCLI):
         options that subcommand alone uses."""
         parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
         add_own_options(parser, subcommand)
-        if subcommand in ("test", "predict"):  # maps for a person: finer than fit's validation reads them
-            parser.set_defaults({"model.map_shifts": READ_SHIFTS})
         return parser
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -306,9 +266,12 @@ class VitCTCLI(LightningCLI):
         if self.test_after_fit:
             checkpoint = self.trainer.checkpoint_callback
             last = getattr(checkpoint, "last_model_path", "")
+            validated = self.model.map_shifts  # the test reads the maps as finely as `vit-ct test` does, at least
+            self.model.map_shifts = max(validated, READ_SHIFTS)
             self.trainer.test(
                 self.model, datamodule=self.datamodule, ckpt_path=_checkpoint_to_test(checkpoint), verbose=False
             )
+            self.model.map_shifts = validated
             if checkpoint is not None:  # loading "best" put back the callback's state as of that epoch
                 checkpoint.last_model_path = last
         self._summarise()
