@@ -101,11 +101,14 @@ def demo_targets_block(records: Records) -> str:
     """The demo's test figures against the project's targets, with whether each is met."""
     m = {key.removeprefix("test/"): value for key, value in records["demo"]["figures"].items()}
     floor = m["rollout_outside_head_floor"]
+    finer = ""  # the maps read over shifted grids: the ceiling on their own grid too
+    if "perfect_grid_dice" in m:
+        finer = f"; on the map's finer grid: {m['perfect_grid_dice']:.3f} / {m['perfect_grid_hd95_mm']:.1f} mm"
     rows = [
         ("AUROC", f"**{m['auroc']:.3f}**", ">= 0.95", m["auroc"] >= 0.95),
         ("accuracy / sensitivity / specificity at p = 0.5",
          f"{m['accuracy']:.3f} / {m['sensitivity']:.3f} / {m['specificity']:.3f}", "", None),
-        ("rollout pointing game (5 mm)", f"**{m['rollout_pointing']:.3f}**", ">= 0.85", m["rollout_pointing"] >= 0.85),
+        ("rollout pointing game (5 mm)", f"**{m['rollout_pointing']:.3f}**", ">= 0.93", m["rollout_pointing"] >= 0.93),
         ("rollout energy in mask / mask's area share",
          f"{m['rollout_energy']:.3f} / {m['rollout_mask_fraction']:.3f} = **{m['rollout_energy_ratio']:.1f}x**",
          ">= 5x", m["rollout_energy_ratio"] >= 5),
@@ -113,8 +116,9 @@ def demo_targets_block(records: Records) -> str:
          f"**{m['rollout_pixel_auroc']:.3f}** (image floor {m['floor_image_pixel_auroc']:.3f}; head floor "
          f"{m['floor_head_pixel_auroc']:.3f})", ">= 0.93", m["rollout_pixel_auroc"] >= 0.93),
         ("rollout Dice at half max / HD95",
-         f"{m['rollout_dice']:.3f} / {m['rollout_hd95_mm']:.1f} mm (perfect patch map: {m['perfect_patch_dice']:.3f}"
-         f" / {m['perfect_patch_hd95_mm']:.1f} mm)", "", None),
+         f"**{m['rollout_dice']:.3f}** / {m['rollout_hd95_mm']:.1f} mm (perfect patch map: "
+         f"{m['perfect_patch_dice']:.3f} / {m['perfect_patch_hd95_mm']:.1f} mm{finer})",
+         ">= 0.65", m["rollout_dice"] >= 0.65),
         ("rollout on air patches (`rollout_air`)", f"**{m['rollout_air']:.1%}**", "<= 2%", m["rollout_air"] <= 0.02),
         ("rollout outside the head, slice grid", f"**{m['rollout_outside_head']:.1%}** (perfect patch-level map: "
          f"{floor:.1%})", "within 5 points of the floor", m["rollout_outside_head"] - floor <= 0.05),

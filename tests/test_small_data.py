@@ -69,6 +69,22 @@ def test_the_held_out_families_share_the_pretrainings_input_but_not_its_seeds(sd
     assert {sd.HELDOUT_SEED, sd.HELDOUT_FAR_SEED}.isdisjoint({pretrain.get("seed_everything", 0), 0, COHORT_STREAM})
 
 
+def test_the_fine_tuned_rows_train_the_readmes_recipe_read_from_its_config(sd):
+    import argparse
+
+    config = yaml.safe_load((ROOT / "configs" / "finetune.yaml").read_text())["model"]
+    args = argparse.Namespace(shipped=config["pretrained"], pretrained=None, demo=None)
+    recipe = {k: v for k, v in config.items() if k not in ("pretrained", "depth")}
+    assert recipe["anchor_loss_weight"] > 0 and recipe["attention_loss_weight"] > 0 and recipe["evidence_attention"]
+    model = sd.build_model(sd.ROWS["shipped-ft"], args)
+    assert {k: model.hparams[k] for k in recipe} == recipe and model._anchor is not None
+    unanchored = sd.build_model(sd.ROWS["shipped-ft-unanchored"], args)
+    assert unanchored.hparams.anchor_loss_weight == 0 and unanchored._anchor is None
+    assert {k: unanchored.hparams[k] for k in recipe if k != "anchor_loss_weight"} == {
+        k: v for k, v in recipe.items() if k != "anchor_loss_weight"
+    }
+
+
 def test_patient_bootstrap_gives_sklearns_auroc_inside_its_interval(sd):
     rng = np.random.default_rng(0)
     patients = np.repeat(np.arange(20), 5)
@@ -122,6 +138,7 @@ def test_tiny_run_trains_every_kind_of_row_and_writes_its_table(sd, tmp_path):
         "floor: windowed image",
         "floor: head mask",
         "ceiling: perfect patch map",
+        "ceiling: perfect map, 8-pixel grid",  # the maps are read over 2 x 2 shifted grids, as vit-ct test reads them
         "ResNet-18, scratch",
         "ViT, fine-tuned",
         "ViT, fine-tuned + masks",
@@ -144,4 +161,5 @@ def test_tiny_run_trains_every_kind_of_row_and_writes_its_table(sd, tmp_path):
         assert np.isnan(rows["ViT, fine-tuned"]["scan_auroc"])
     ceiling = rows["ceiling: perfect patch map"]
     assert ceiling["dice"] >= rows["floor: windowed image"]["dice"] and ceiling["pointing"] >= 0.5
+    assert rows["ceiling: perfect map, 8-pixel grid"]["dice"] >= ceiling["dice"]  # a finer grid allows more
     assert {f"pointing_q{q}" for q in range(1, 5)} <= set(rows["ViT, fine-tuned"])
