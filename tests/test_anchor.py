@@ -58,8 +58,10 @@ def test_the_anchor_loss_is_the_kl_divergence_of_the_rollout_from_the_start_netw
 
 def test_fine_tuning_from_start_weights_holds_the_rollout_to_theirs(tmp_path):
     start = _start_weights(tmp_path)
-    model = ViTClassifier(**BUILT, weights=start, anchor_loss_weight=1.0).eval()
+    model = ViTClassifier(**BUILT, weights=start, anchor_loss_weight=1.0)  # training mode, no dropout of any kind
     batch = _batch()
+    assert "anchor_loss" not in model.eval().losses(batch).parts  # a training loss: validation and test leave it out
+    model.train()
     # the anchor is the start network, frozen, outside the model's parameters and its checkpoint
     assert not any(name.startswith("_anchor") for name in model.state_dict())
     assert {id(p) for p in model._anchor.parameters()}.isdisjoint(id(p) for p in model.parameters())

@@ -105,7 +105,8 @@ class ViTClassifier(StartAnchor, MapReader, SeesAsCheckpointed):
         rollout_discard_ratio: Share of the lowest attention weights rollout discards per block.
         map_shifts: Read the rollout on a grid this many times finer than the patches, from ``map_shifts**2`` passes
             over the slice shifted by multiples of ``patch_size / map_shifts`` pixels (:mod:`vit_ct.explain.shifted`;
-            their mean probability: ``prob_tta``); 1: one pass. Chosen per command, not stored in checkpoints.
+            their mean probability: ``prob_tta``); 1: one pass. Chosen per command, not stored in checkpoints:
+            ``vit-ct test`` and ``predict`` default to 2 (``READ_SHIFTS``), a fit's validation to 1.
         localisation_tolerance_mm: Pointing-game tolerance of the validation and test localisation metrics, in mm
             on each slice's own pixel spacing (from the file, else the manifest's ``pixel_spacing_mm``); in pixels of
             the source slice for a slice without one, said in one warning.
@@ -303,7 +304,8 @@ class ViTClassifier(StartAnchor, MapReader, SeesAsCheckpointed):
         """The batch's loss: classification, plus the patch, multiple-instance and attention losses where the batch
         holds what they score (lesion masks, labels), each weighted; in float32, also under AMP."""
         image, label = batch["image"], batch["label"]
-        held = self.anchor_attention(image) if self.patch_losses.anchor_weight > 0 else None  # the start's attention
+        anchored = self.training and self.patch_losses.anchor_weight > 0  # a training loss: not in val/test's
+        held = self.anchor_attention(image) if anchored else None  # the start network's attention
         if self.patch_losses.attention_weight > 0 or held is not None:
             with record_attention(self, head_fusion="mean", keep_graph=True) as attentions:
                 tokens = self.vit.forward_features(image, checkpoint_blocks=False)  # (B, T, D)
