@@ -208,7 +208,7 @@ class ViTClassifier(StartAnchor, MapReader, SeesAsCheckpointed):
         self.configure_metrics()
         if start is not None:
             load_start(self, start, arguments, own_architecture=bool(own))
-        self.hold_to_start(self.vit if anchor_loss_weight > 0 and start else None)  # rebuilt whenever a fit builds it
+        self.hold_to_start(self.vit if anchor_loss_weight > 0 and start else None)  # from the start weights, each build
 
     def configure_models(self) -> None:
         """The network (timm's ViT, conv stem or timm's patch embedding, air patches skipping the blocks) and the
@@ -243,7 +243,7 @@ class ViTClassifier(StartAnchor, MapReader, SeesAsCheckpointed):
             patch_size=h.patch_size, num_prefix_tokens=self.num_prefix, grid_size=self.vit.patch_embed.grid_size,
             patch_weight=h.patch_loss_weight, mil_weight=h.mil_loss_weight, mil_sharpness=h.mil_sharpness,
             attention_weight=h.attention_loss_weight, attention_target=h.attention_target,
-            evidence_attention=h.evidence_attention, anchor_weight=h.get("anchor_loss_weight", 0.0),
+            evidence_attention=h.evidence_attention, anchor_weight=h.anchor_loss_weight,
         )  # fmt: skip
         self.scan_bags = ScanBags(self.task, h.patch_size, self.num_prefix, sharpness=h.mil_sharpness,
                                   mil_weight=h.mil_loss_weight if self.patch_head is not None else 0.0)  # fmt: skip
