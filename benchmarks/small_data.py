@@ -15,6 +15,7 @@ ceiling of any map on the patch grid).
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import re
 import shlex
@@ -205,6 +206,14 @@ def finetune_recipe() -> dict:
     return {k: v for k, v in model.items() if k not in ("pretrained", "weights", "depth")}
 
 
+def recipe_change(text: str) -> tuple[str, object]:
+    """``KEY=VALUE`` of ``--set``: a model argument of ``ViTClassifier`` and its YAML value."""
+    key, sep, value = text.partition("=")
+    if not sep or key not in inspect.signature(ViTClassifier).parameters:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE with KEY an argument of ViTClassifier")
+    return key, yaml.safe_load(value)
+
+
 def build_model(row: Row, args: argparse.Namespace) -> L.LightningModule:
     """The row's network and recipe: ``configs/finetune.yaml``'s for fine-tuning (with the row's changes to it), a
     from-scratch rate otherwise."""
@@ -214,7 +223,7 @@ def build_model(row: Row, args: argparse.Namespace) -> L.LightningModule:
     start = {"checkpoint": {"weights": str(args.pretrained)}, "demo": {"weights": str(args.demo)}}
     start["shipped"] = {"pretrained": args.shipped}
     if row.pretrained:
-        recipe = {**finetune_recipe(), **dict(row.recipe)}
+        recipe = {**finetune_recipe(), **dict(args.recipe_changes or {}), **dict(row.recipe)}  # the row's own last
     else:
         recipe = {"lr": 1e-3, "drop_path_rate": 0.1, **common}
         recipe |= {"patch_loss_weight": 1.0, "attention_loss_weight": 1.0} if row.masks else {}
@@ -457,6 +466,11 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> str:
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--val-every", type=int, default=5, help="validate every N epochs (logged, not selected on)")
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument(
+        "--set", dest="recipe_changes", type=recipe_change, action="append", metavar="KEY=VALUE",
+        help="change configs/finetune.yaml's model section for every fine-tuned row (YAML value), e.g. "
+        "anchor_loss_weight=4; repeatable",
+    )  # fmt: skip
     parser.add_argument(
         "--map-shifts", type=int, default=2, choices=(1, 2, 4, 8, 16),
         help="read the ViT's rollout over this many shifted grids per axis, as vit-ct test does (default %(default)s)",

@@ -73,7 +73,7 @@ def test_the_fine_tuned_rows_train_the_readmes_recipe_read_from_its_config(sd):
     import argparse
 
     config = yaml.safe_load((ROOT / "configs" / "finetune.yaml").read_text())["model"]
-    args = argparse.Namespace(shipped=config["pretrained"], pretrained=None, demo=None)
+    args = argparse.Namespace(shipped=config["pretrained"], pretrained=None, demo=None, recipe_changes=None)
     recipe = {k: v for k, v in config.items() if k not in ("pretrained", "depth")}
     assert recipe["anchor_loss_weight"] > 0 and recipe["attention_loss_weight"] > 0 and recipe["evidence_attention"]
     model = sd.build_model(sd.ROWS["shipped-ft"], args)
