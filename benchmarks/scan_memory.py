@@ -165,10 +165,12 @@ def peak_of(command: list[str], *, cwd: Path, env: dict, log: Path, timeout: flo
 
 
 def fit_command(manifest: Path, probe: Path, *, cache: str, args: argparse.Namespace) -> list[str]:
-    """`vit-ct fit` by the own-data recipe (configs/finetune.yaml, from scratch) on a tiny model."""
+    """`vit-ct fit` by the own-data recipe (configs/finetune.yaml, from scratch: no start weights, so no anchor to
+    hold the rollout to) on a tiny model."""
     return [
         VIT_CT, "fit", "--config", str(ROOT / "configs" / "finetune.yaml"), "--data.manifest", str(manifest),
-        "--model.pretrained", "null", "--model.embed_dim", "32", "--model.depth", "2", "--model.num_heads", "2",
+        "--model.pretrained", "null", "--model.anchor_loss_weight", "0",
+        "--model.embed_dim", "32", "--model.depth", "2", "--model.num_heads", "2",
         "--data.init_args.img_size", str(args.size), "--data.init_args.windows", "[brain]",
         "--data.init_args.batch_size", str(args.batch_size), "--data.init_args.num_workers", "0",
         "--data.init_args.cache", cache, "--trainer.logger", "false", "--trainer.accelerator", "cpu",
