@@ -1,0 +1,212 @@
+"""Relevance through the convolutional stem: can the pixels inside a patch be told apart by the model itself?
+
+The rollout gives one value per patch (per 8-pixel cell read over 2 x 2 shifted grids). Below the patch, what the
+model reads of each pixel is its gradient: the gradient x input of the lesion log-odds through the whole network, the
+conv stem included, against the air the padding holds (``(g * (x - air)).sum(channels)``), averaged over the same 2 x 2
+shifted passes the rollout reads. Measured here, beside the rollout, as maps of their own:
+
+- ``stem gradient x input``: the positive relevance alone, smoothed over 2 pixels (the stem's first 3 x 3 stride-2
+  convolution);
+- ``rollout x stem share``: each 8-pixel cell keeps the rollout's total, spread over its pixels in proportion to their
+  positive stem relevance (what "modulated by the rollout of the patch" means);
+- ``rollout x stem share^1/2``: the same with the share's square root, a softer spread.
+
+Each map is scored as ``vit-ct test`` scores maps (pointing, in-head pixel AUROC, Dice at half max, HD95, energy in the
+mask), and, on the checkpoint's own test split, by deletion / insertion of pixels against a brain baseline
+(benchmarks/faithfulness.py's curves, every map ordered pixel by pixel). Held-out families: the shipped weights as they
+are (benchmarks/small_data.py's families). Run as a script it writes ``benchmarks/records/stem_relevance.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import small_data  # noqa: E402  (a sibling: the families, their test split and how maps are scored)
+from faithfulness import curve_area, curves, lesion_slices, patch_counts, patch_order  # noqa: E402
+from finer_maps import default_checkpoint, heldout_manifest  # noqa: E402
+
+from vit_ct.data.loading.datamodule import CTSliceDataModule  # noqa: E402
+from vit_ct.explain.maps import upsample  # noqa: E402
+from vit_ct.explain.occlusion import brain_baseline  # noqa: E402
+from vit_ct.explain.shifted import READ_SHIFTS, air_level, grid_offsets, shift_image  # noqa: E402
+from vit_ct.model import ViTClassifier  # noqa: E402
+from vit_ct.run.records import RECORDS, command_line, git_state, table, write_record  # noqa: E402
+
+METHODS = ("rollout, one pass", "rollout, 2 x 2", "stem gradient x input", "rollout x stem share",
+           "rollout x stem share^1/2")  # fmt: skip
+SCORES = ("pointing", "pixel_auroc", "dice", "hd95_mm", "energy_ratio")
+SMOOTH_PX = 2.0
+USAGE = """example (after `make demo`; ~6 min on 2 CPU cores):
+  .venv/bin/python benchmarks/stem_relevance.py --heldout near far
+"""
+
+
+def stem_relevance(model: ViTClassifier, image: torch.Tensor, fill: torch.Tensor) -> torch.Tensor:
+    """``(B, S, S)``: gradient x (input - air) of the lesion log-odds, summed over the windows, one pass."""
+    with torch.inference_mode(False), torch.enable_grad():
+        x = image.clone().requires_grad_(True)
+        logits = model(x).float()
+        if logits.shape[-1] != 2:
+            raise ValueError(f"the stem relevance here reads a binary model's two logits, got {logits.shape[-1]}")
+        (gradient,) = torch.autograd.grad((logits[:, 1] - logits[:, 0]).sum(), x)
+    return (gradient * (image - fill.to(image)[:, None, None])).sum(dim=1)
+
+
+def shifted_relevance(model: ViTClassifier, image: torch.Tensor, fill: torch.Tensor, shifts: int) -> torch.Tensor:
+    """:func:`stem_relevance` over the ``shifts**2`` passes of the shifted-grid rollout, each shifted back, averaged
+    pixel by pixel over the passes that saw the pixel."""
+    S = image.shape[-1]
+    total, count = image.new_zeros(image.shape[0], S, S), image.new_zeros(S, S)
+    for dy, dx in grid_offsets(model.hparams.patch_size, shifts):
+        relevance = stem_relevance(model, shift_image(image, dy, dx, fill), fill)
+        total[:, : S - dy, : S - dx] += relevance[:, dy:, dx:]
+        count[: S - dy, : S - dx] += 1
+    return total / count
+
+
+def smooth(maps: torch.Tensor, sigma: float) -> torch.Tensor:
+    """``(B, H, W)`` under a Gaussian of ``sigma`` pixels (separable, zero outside)."""
+    r = int(3 * sigma)
+    kernel = torch.exp(-(torch.arange(-r, r + 1, dtype=maps.dtype) ** 2) / (2 * sigma**2))
+    kernel = kernel / kernel.sum()
+    out = F.conv2d(maps[:, None], kernel.view(1, 1, 1, -1), padding=(0, r))
+    return F.conv2d(out, kernel.view(1, 1, -1, 1), padding=(r, 0))[:, 0]
+
+
+def cell_share(relevance: torch.Tensor, cell: int) -> torch.Tensor:
+    """Each pixel's relevance over its ``cell`` x ``cell`` cell's mean (1 where the cell holds none): the share
+    that spreads a cell's value over its pixels, keeping the cell's total."""
+    mean = F.avg_pool2d(relevance[:, None], cell)[:, 0]
+    mean = mean.repeat_interleave(cell, -2).repeat_interleave(cell, -1)
+    return torch.where(mean > 0, relevance / mean.clamp_min(torch.finfo(mean.dtype).tiny), torch.ones_like(mean))
+
+
+def method_maps(model: ViTClassifier, images: torch.Tensor, batch: int) -> dict[str, torch.Tensor]:
+    """Every method's ``(B, S, S)`` map of ``images`` (see the module's text)."""
+    fill = air_level(model.input_contract.windows, images.shape[1])
+    S, cell = images.shape[-1], model.hparams.patch_size // READ_SHIFTS
+    parts: dict[str, list[torch.Tensor]] = {m: [] for m in METHODS}
+    model.eval()
+    for image in images.split(batch):
+        model.map_shifts = 1
+        one = model.explained(image).rollout
+        model.map_shifts = READ_SHIFTS
+        cells = model.explained(image).rollout  # (B, S / cell, S / cell)
+        relevance = smooth(shifted_relevance(model, image, fill, READ_SHIFTS).clamp_min(0), SMOOTH_PX)
+        share = cell_share(relevance, cell)
+        nearest = cells.repeat_interleave(cell, -2).repeat_interleave(cell, -1)
+        for name, m in zip(METHODS, (upsample(one, (S, S)), upsample(cells, (S, S)), relevance, nearest * share,
+                                     nearest * share.sqrt()), strict=True):  # fmt: skip
+            parts[name].append(m)
+    return {name: torch.cat(p) for name, p in parts.items()}
+
+
+def pixel_faithfulness(model: ViTClassifier, slices: dict, maps: dict, *, steps: int, seed: int, batch: int) -> dict:
+    """Deletion and insertion areas (mean over slices) of every map, pixels ordered by the map against a brain
+    baseline, the same curve points and slices for every map; and a random order."""
+    generator = torch.Generator().manual_seed(seed)
+    images = slices["image"]
+    baseline = brain_baseline(images, slices["head"], model.input_contract.windows)
+    with torch.inference_mode():
+        ends = torch.stack([model.probabilities(model(images)), model.probabilities(model(baseline))], dim=1)
+    grid = tuple(images.shape[-2:])
+    counts = patch_counts(grid[0] * grid[1], steps)
+    maps = {**maps, "random order": torch.rand(len(images), *grid, generator=generator)}
+    areas = {}
+    for name, m in maps.items():
+        found = []
+        for part in torch.arange(len(images)).split(batch):
+            order = patch_order(m[part], generator)
+            deleted, inserted = curves(model, images[part], baseline[part], order, counts, grid, ends[part])
+            found.append(torch.stack([curve_area(deleted, counts), curve_area(inserted, counts)], dim=1))
+        areas[name] = [float(v) for v in torch.cat(found).mean(dim=0)]
+    return areas
+
+
+def scored(model: ViTClassifier, manifest: Path, batch: int) -> tuple[dict, dict]:
+    """Every method's map scores on the manifest's test lesion slices, and the slices (for the faithfulness run)."""
+    data = CTSliceDataModule.from_contract(model.input_contract, manifest=str(manifest), num_workers=0)
+    data.check("test")
+    test = small_data.split_tensors(data, "test")
+    lesion = (test["label"] == 1) & test["has_mask"] & ((test["mask"] > 0.5) & (test["head"] > 0.5)).flatten(1).any(1)
+    maps = method_maps(model, test["image"][lesion], batch)
+    size = test["image"].shape[-1]
+    return {name: small_data.score_maps(m, test, lesion, size) for name, m in maps.items()}, maps
+
+
+def shipped_model() -> ViTClassifier:
+    """The shipped weights as ``vit-ct test --config configs/finetune.yaml`` builds them (no training here)."""
+    recipe = {**small_data.finetune_recipe(), "anchor_loss_weight": 0.0}
+    return ViTClassifier(arch="vit_tiny_patch16_224", stem="conv", depth=6, img_size=256,
+                         in_chans=len(small_data.WINDOWS), pretrained="vit-ct/headct-tiny-256", **recipe)  # fmt: skip
+
+
+def main(argv: list[str] | None = None, records: Path | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=USAGE,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("--ckpt", type=Path, help="checkpoint (default: runs/latest's, what `make demo` kept)")
+    parser.add_argument("--manifest", type=Path, default=Path("data/synthetic/manifest.csv"))
+    parser.add_argument(
+        "--heldout",
+        nargs="*",
+        choices=("near", "far"),
+        default=[],
+        help="also the shipped weights on these families (built under data/heldout[-far])",
+    )
+    parser.add_argument("--steps", type=int, default=16, help="points per deletion / insertion curve")
+    parser.add_argument("--n-slices", type=int, default=32, help="lesion slices in the deletion / insertion run")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    git, start = git_state(), time.perf_counter()
+    torch.manual_seed(args.seed)
+    ckpt = args.ckpt or Path(default_checkpoint())
+    model = ViTClassifier.load_from_checkpoint(ckpt, map_location="cpu").eval()
+    runs = {"demo": scored(model, args.manifest, args.batch)[0]}
+    data = CTSliceDataModule.from_contract(model.input_contract, manifest=str(args.manifest), num_workers=0)
+    slices = lesion_slices(data, "test")
+    chosen = torch.randperm(len(slices["image"]), generator=torch.Generator().manual_seed(args.seed))
+    slices = {key: value[chosen[: args.n_slices].sort().values] for key, value in slices.items()}
+    faithful = pixel_faithfulness(model, slices, method_maps(model, slices["image"], args.batch), steps=args.steps,
+                                  seed=args.seed, batch=args.batch)  # fmt: skip
+    shipped = shipped_model().eval() if args.heldout else None
+    for family in args.heldout:
+        root = Path("data/heldout" + ("" if family == "near" else "-far"))
+        runs[family] = scored(shipped, heldout_manifest(family, root), args.batch)[0]
+
+    figures, tables = {}, {}
+    keys = dict(zip(METHODS, ("rollout1", "rollout2", "stem", "share", "share_sqrt"), strict=True))
+    for run, found in runs.items():
+        rows = [[name, *(found[name][k] for k in SCORES)] for name in METHODS]
+        if run == "demo":
+            rows = [[*row, *faithful[row[0]]] for row in rows]
+            rows.append(["random order", *[None] * len(SCORES), *faithful["random order"]])
+        figures |= {f"{run}_{keys[name]}_{k}": found[name][k] for name in METHODS for k in SCORES}
+        columns = ["map", "pointing", "in-head pixel AUROC", "Dice at half max", "HD95 mm", "energy ratio"]
+        formats = [None, ".3f", ".3f", ".3f", ".1f", ".2f"]
+        if run == "demo":
+            columns, formats = columns + ["deletion AUC ↓", "insertion AUC ↑"], formats + [".4f", ".4f"]
+        tables[f"stem_relevance_{run}"] = table(columns, rows, formats)
+    figures |= {f"demo_{keys.get(name, 'random')}_{what}": faithful[name][i] for name in faithful
+                for i, what in enumerate(("deletion", "insertion"))}  # fmt: skip
+    notes = {"checkpoint": str(ckpt), "manifest": str(args.manifest), "heldout": args.heldout, "steps": args.steps,
+             "faithfulness_slices": len(slices["image"]), "smooth_px": SMOOTH_PX, "shifts": READ_SHIFTS,
+             "seed": args.seed, "threads": torch.get_num_threads()}  # fmt: skip
+    for name, t in tables.items():
+        print(f"\n{name}\n" + "\n".join(" | ".join(str(c) for c in row) for row in [t["columns"], *t["rows"]]))
+    if records is not None:
+        command = command_line("benchmarks/stem_relevance.py", argv)
+        write_record("stem_relevance", figures, command=command, tables=tables, seconds=time.perf_counter() - start,
+                     notes=notes, folder=records, git=git)  # fmt: skip
+    return {"figures": figures, "tables": tables, "notes": notes}
+
+
+if __name__ == "__main__":
+    main(records=RECORDS)
