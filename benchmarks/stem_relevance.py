@@ -5,11 +5,14 @@ model reads of each pixel is its gradient: the gradient x input of the lesion lo
 conv stem included, against the air the padding holds (``(g * (x - air)).sum(channels)``), averaged over the same 2 x 2
 shifted passes the rollout reads. Measured here, beside the rollout, as maps of their own:
 
-- ``stem gradient x input``: the positive relevance alone, smoothed over 2 pixels (the stem's first 3 x 3 stride-2
-  convolution);
-- ``rollout x stem share``: each 8-pixel cell keeps the rollout's total, spread over its pixels in proportion to their
-  positive stem relevance (what "modulated by the rollout of the patch" means);
-- ``rollout x stem share^1/2``: the same with the share's square root, a softer spread.
+- ``stem gradient x input``: the positive relevance alone, smoothed over 2 pixels (about the stem's first 3 x 3
+  stride-2 convolution);
+- ``rollout x stem share``: each 8-pixel cell keeps the rollout's mean, spread over its pixels in proportion to their
+  smoothed positive stem relevance (what "modulated by the rollout of the patch" means);
+- ``rollout x stem share^1/2``: the same by the share's square root, a softer spread: ``--model.map_pixels``, the
+  package's reading (:mod:`vit_ct.explain.pixels`).
+
+Also the cost: the recorded passes at 2 x 2 with and without ``map_pixels`` (one backward pass each), alternating.
 
 Each map is scored as ``vit-ct test`` scores maps (pointing, in-head pixel AUROC, Dice at half max, HD95, energy in the
 mask), and, on the checkpoint's own test split, by deletion / insertion of pixels against a brain baseline
@@ -20,12 +23,12 @@ are (benchmarks/small_data.py's families). Run as a script it writes ``benchmark
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import small_data  # noqa: E402  (a sibling: the families, their test split and how maps are scored)
@@ -35,77 +38,54 @@ from finer_maps import default_checkpoint, heldout_manifest  # noqa: E402
 from vit_ct.data.loading.datamodule import CTSliceDataModule  # noqa: E402
 from vit_ct.explain.maps import upsample  # noqa: E402
 from vit_ct.explain.occlusion import brain_baseline  # noqa: E402
-from vit_ct.explain.shifted import READ_SHIFTS, air_level, grid_offsets, shift_image  # noqa: E402
+from vit_ct.explain.pixels import POWER, SMOOTH_PX, smooth, spread_over_pixels  # noqa: E402
+from vit_ct.explain.shifted import READ_SHIFTS  # noqa: E402
 from vit_ct.model import ViTClassifier  # noqa: E402
 from vit_ct.run.records import RECORDS, command_line, git_state, table, write_record  # noqa: E402
 
 METHODS = ("rollout, one pass", "rollout, 2 x 2", "stem gradient x input", "rollout x stem share",
-           "rollout x stem share^1/2")  # fmt: skip
+           "rollout x stem share^1/2 (map_pixels)")  # fmt: skip
 SCORES = ("pointing", "pixel_auroc", "dice", "hd95_mm", "energy_ratio")
-SMOOTH_PX = 2.0
 USAGE = """example (after `make demo`; ~6 min on 2 CPU cores):
   .venv/bin/python benchmarks/stem_relevance.py --heldout near far
 """
 
 
-def stem_relevance(model: ViTClassifier, image: torch.Tensor, fill: torch.Tensor) -> torch.Tensor:
-    """``(B, S, S)``: gradient x (input - air) of the lesion log-odds, summed over the windows, one pass."""
-    with torch.inference_mode(False), torch.enable_grad():
-        x = image.clone().requires_grad_(True)
-        logits = model(x).float()
-        if logits.shape[-1] != 2:
-            raise ValueError(f"the stem relevance here reads a binary model's two logits, got {logits.shape[-1]}")
-        (gradient,) = torch.autograd.grad((logits[:, 1] - logits[:, 0]).sum(), x)
-    return (gradient * (image - fill.to(image)[:, None, None])).sum(dim=1)
-
-
-def shifted_relevance(model: ViTClassifier, image: torch.Tensor, fill: torch.Tensor, shifts: int) -> torch.Tensor:
-    """:func:`stem_relevance` over the ``shifts**2`` passes of the shifted-grid rollout, each shifted back, averaged
-    pixel by pixel over the passes that saw the pixel."""
-    S = image.shape[-1]
-    total, count = image.new_zeros(image.shape[0], S, S), image.new_zeros(S, S)
-    for dy, dx in grid_offsets(model.hparams.patch_size, shifts):
-        relevance = stem_relevance(model, shift_image(image, dy, dx, fill), fill)
-        total[:, : S - dy, : S - dx] += relevance[:, dy:, dx:]
-        count[: S - dy, : S - dx] += 1
-    return total / count
-
-
-def smooth(maps: torch.Tensor, sigma: float) -> torch.Tensor:
-    """``(B, H, W)`` under a Gaussian of ``sigma`` pixels (separable, zero outside)."""
-    r = int(3 * sigma)
-    kernel = torch.exp(-(torch.arange(-r, r + 1, dtype=maps.dtype) ** 2) / (2 * sigma**2))
-    kernel = kernel / kernel.sum()
-    out = F.conv2d(maps[:, None], kernel.view(1, 1, 1, -1), padding=(0, r))
-    return F.conv2d(out, kernel.view(1, 1, -1, 1), padding=(r, 0))[:, 0]
-
-
-def cell_share(relevance: torch.Tensor, cell: int) -> torch.Tensor:
-    """Each pixel's relevance over its ``cell`` x ``cell`` cell's mean (1 where the cell holds none): the share
-    that spreads a cell's value over its pixels, keeping the cell's total."""
-    mean = F.avg_pool2d(relevance[:, None], cell)[:, 0]
-    mean = mean.repeat_interleave(cell, -2).repeat_interleave(cell, -1)
-    return torch.where(mean > 0, relevance / mean.clamp_min(torch.finfo(mean.dtype).tiny), torch.ones_like(mean))
-
-
 def method_maps(model: ViTClassifier, images: torch.Tensor, batch: int) -> dict[str, torch.Tensor]:
     """Every method's ``(B, S, S)`` map of ``images`` (see the module's text)."""
-    fill = air_level(model.input_contract.windows, images.shape[1])
-    S, cell = images.shape[-1], model.hparams.patch_size // READ_SHIFTS
+    S = images.shape[-1]
     parts: dict[str, list[torch.Tensor]] = {m: [] for m in METHODS}
     model.eval()
     for image in images.split(batch):
-        model.map_shifts = 1
+        model.map_pixels, model.map_shifts = False, 1
         one = model.explained(image).rollout
         model.map_shifts = READ_SHIFTS
         cells = model.explained(image).rollout  # (B, S / cell, S / cell)
-        relevance = smooth(shifted_relevance(model, image, fill, READ_SHIFTS).clamp_min(0), SMOOTH_PX)
-        share = cell_share(relevance, cell)
-        nearest = cells.repeat_interleave(cell, -2).repeat_interleave(cell, -1)
-        for name, m in zip(METHODS, (upsample(one, (S, S)), upsample(cells, (S, S)), relevance, nearest * share,
-                                     nearest * share.sqrt()), strict=True):  # fmt: skip
+        model.map_pixels = True
+        pixels = model.explained(image)  # the package's reading: cells spread by the relevance's square-root share
+        alone = smooth(pixels.relevance.clamp_min(0))
+        found = (upsample(one, (S, S)), upsample(cells, (S, S)), alone,
+                 spread_over_pixels(cells, pixels.relevance, power=1.0), pixels.rollout)  # fmt: skip
+        for name, m in zip(METHODS, found, strict=True):
             parts[name].append(m)
+    model.map_pixels, model.map_shifts = False, READ_SHIFTS
     return {name: torch.cat(p) for name, p in parts.items()}
+
+
+def model_seconds(model: ViTClassifier, images: torch.Tensor, batch: int, repeats: int) -> dict[str, list[float]]:
+    """Seconds of the recorded passes over ``images`` at 2 x 2, without and with ``map_pixels``, alternating."""
+    seconds: dict[str, list[float]] = {"rollout": [], "pixels": []}
+    model.map_shifts = READ_SHIFTS
+    for _ in range(repeats):
+        for name in seconds:
+            model.map_pixels = name == "pixels"
+            start = time.perf_counter()
+            with torch.inference_mode():  # as predict runs
+                for part in images.split(batch):
+                    model.explained(part)
+            seconds[name].append(time.perf_counter() - start)
+    model.map_pixels = False
+    return seconds
 
 
 def pixel_faithfulness(model: ViTClassifier, slices: dict, maps: dict, *, steps: int, seed: int, batch: int) -> dict:
@@ -130,15 +110,15 @@ def pixel_faithfulness(model: ViTClassifier, slices: dict, maps: dict, *, steps:
     return areas
 
 
-def scored(model: ViTClassifier, manifest: Path, batch: int) -> tuple[dict, dict]:
-    """Every method's map scores on the manifest's test lesion slices, and the slices (for the faithfulness run)."""
+def scored(model: ViTClassifier, manifest: Path, batch: int) -> tuple[dict, torch.Tensor]:
+    """Every method's map scores on the manifest's test lesion slices, and those slices' images."""
     data = CTSliceDataModule.from_contract(model.input_contract, manifest=str(manifest), num_workers=0)
     data.check("test")
     test = small_data.split_tensors(data, "test")
     lesion = (test["label"] == 1) & test["has_mask"] & ((test["mask"] > 0.5) & (test["head"] > 0.5)).flatten(1).any(1)
     maps = method_maps(model, test["image"][lesion], batch)
     size = test["image"].shape[-1]
-    return {name: small_data.score_maps(m, test, lesion, size) for name, m in maps.items()}, maps
+    return {name: small_data.score_maps(m, test, lesion, size) for name, m in maps.items()}, test["image"][lesion]
 
 
 def shipped_model() -> ViTClassifier:
@@ -163,13 +143,16 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=16, help="points per deletion / insertion curve")
     parser.add_argument("--n-slices", type=int, default=32, help="lesion slices in the deletion / insertion run")
     parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs of each reading, alternating")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     git, start = git_state(), time.perf_counter()
     torch.manual_seed(args.seed)
     ckpt = args.ckpt or Path(default_checkpoint())
     model = ViTClassifier.load_from_checkpoint(ckpt, map_location="cpu").eval()
-    runs = {"demo": scored(model, args.manifest, args.batch)[0]}
+    demo, images = scored(model, args.manifest, args.batch)
+    runs = {"demo": demo}
+    seconds = model_seconds(model, images, args.batch, args.repeats)
     data = CTSliceDataModule.from_contract(model.input_contract, manifest=str(args.manifest), num_workers=0)
     slices = lesion_slices(data, "test")
     chosen = torch.randperm(len(slices["image"]), generator=torch.Generator().manual_seed(args.seed))
@@ -182,7 +165,7 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> dict:
         runs[family] = scored(shipped, heldout_manifest(family, root), args.batch)[0]
 
     figures, tables = {}, {}
-    keys = dict(zip(METHODS, ("rollout1", "rollout2", "stem", "share", "share_sqrt"), strict=True))
+    keys = dict(zip(METHODS, ("rollout1", "rollout2", "stem", "share", "pixels"), strict=True))
     for run, found in runs.items():
         rows = [[name, *(found[name][k] for k in SCORES)] for name in METHODS]
         if run == "demo":
@@ -196,9 +179,13 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> dict:
         tables[f"stem_relevance_{run}"] = table(columns, rows, formats)
     figures |= {f"demo_{keys.get(name, 'random')}_{what}": faithful[name][i] for name in faithful
                 for i, what in enumerate(("deletion", "insertion"))}  # fmt: skip
+    rollout_s, pixels_s = statistics.median(seconds["rollout"]), statistics.median(seconds["pixels"])
+    figures |= {"demo_model_s_rollout": rollout_s, "demo_model_s_pixels": pixels_s,
+                "demo_pixels_vs_rollout": pixels_s / rollout_s}  # fmt: skip
     notes = {"checkpoint": str(ckpt), "manifest": str(args.manifest), "heldout": args.heldout, "steps": args.steps,
-             "faithfulness_slices": len(slices["image"]), "smooth_px": SMOOTH_PX, "shifts": READ_SHIFTS,
-             "seed": args.seed, "threads": torch.get_num_threads()}  # fmt: skip
+             "faithfulness_slices": len(slices["image"]), "smooth_px": SMOOTH_PX, "power": POWER,
+             "shifts": READ_SHIFTS, "seed": args.seed, "threads": torch.get_num_threads(), "model_s": seconds,
+             "timed_slices": len(images), "timed": "ViTClassifier.explained, 2 x 2, inference_mode, fp32"}  # fmt: skip
     for name, t in tables.items():
         print(f"\n{name}\n" + "\n".join(" | ".join(str(c) for c in row) for row in [t["columns"], *t["rows"]]))
     if records is not None:

@@ -29,6 +29,7 @@ class Explained:
     rollout: torch.Tensor  # (B, grid_h, grid_w) float32, non-negative; a grid `map_shifts` times finer when shifted
     class_attention: torch.Tensor  # (B, blocks, T) float32: the class token's head-fused row per block, sums to 1
     shifted_outputs: tuple[Any, ...] = ()  # the outputs of the passes over shifted grids, the unshifted one aside
+    relevance: torch.Tensor | None = None  # (B, S, S) gradient x input per pixel, where the map is read to the pixel
 
 
 class Explainer(Protocol):

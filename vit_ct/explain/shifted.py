@@ -83,6 +83,17 @@ def combine_shifted(maps: Sequence[torch.Tensor], patch_size: int, shifts: int) 
     return total / count
 
 
+def shift_back_mean(maps: Sequence[torch.Tensor], offsets: Sequence[tuple[int, int]]) -> torch.Tensor:
+    """Pixel maps ``(B, S, S)`` of passes over the slice shifted by ``offsets`` -> one map of the unshifted slice:
+    each shifted back and averaged pixel by pixel over the passes that saw the pixel."""
+    B, H, W = maps[0].shape
+    total, count = maps[0].new_zeros((B, H, W), dtype=torch.float32), maps[0].new_zeros((H, W), dtype=torch.float32)
+    for pixel_map, (dy, dx) in zip(maps, offsets, strict=True):
+        total[:, : H - dy, : W - dx] += pixel_map[:, dy:, dx:].float()
+        count[: H - dy, : W - dx] += 1
+    return total / count
+
+
 def shifted_explained(
     explain: Callable[[torch.Tensor], Explained],
     image: torch.Tensor,
@@ -103,16 +114,20 @@ def shifted_explained(
         first: the unshifted pass, when the caller already ran it (e.g. with the losses).
 
     Returns:
-        The unshifted pass's :class:`Explained` with ``rollout`` on the finer grid and ``shifted_outputs`` the other
-        passes' outputs; the unshifted pass itself when ``shifts`` is 1.
+        The unshifted pass's :class:`Explained` with ``rollout`` on the finer grid, ``shifted_outputs`` the other
+        passes' outputs and ``relevance`` (where the passes give one) averaged by :func:`shift_back_mean`; the
+        unshifted pass itself when ``shifts`` is 1.
     """
     offsets = grid_offsets(patch_size, shifts)
     first = explain(image) if first is None else first
     if shifts == 1:
         return first
-    outputs, maps = [], [first.rollout]
+    outputs, maps, relevance = [], [first.rollout], [first.relevance]
     for dy, dx in offsets[1:]:
         explained = explain(shift_image(image, dy, dx, fill))
         outputs.append(explained.output)
         maps.append(explained.rollout)
-    return replace(first, rollout=combine_shifted(maps, patch_size, shifts), shifted_outputs=tuple(outputs))
+        relevance.append(explained.relevance)
+    relevance = None if first.relevance is None else shift_back_mean(relevance, offsets)
+    return replace(first, rollout=combine_shifted(maps, patch_size, shifts), shifted_outputs=tuple(outputs),
+                   relevance=relevance)  # fmt: skip

@@ -107,6 +107,8 @@ class ViTClassifier(StartAnchor, MapReader, SeesAsCheckpointed):
             over the slice shifted by multiples of ``patch_size / map_shifts`` pixels (:mod:`vit_ct.explain.shifted`;
             their mean probability: ``prob_tta``); 1: one pass. Chosen per command, not stored in checkpoints:
             ``vit-ct test`` and ``predict`` default to 2 (``READ_SHIFTS``), a fit's validation to 1.
+        map_pixels: Spread each cell of the rollout over its pixels by the gradient x input through the stem
+            (:mod:`vit_ct.explain.pixels`; one backward pass per pass); set per command, not stored in checkpoints.
         localisation_tolerance_mm: Pointing-game tolerance of the validation and test localisation metrics, in mm
             on each slice's own pixel spacing (from the file, else the manifest's ``pixel_spacing_mm``); in pixels of
             the source slice for a slice without one, said in one warning.
@@ -163,6 +165,7 @@ class ViTClassifier(StartAnchor, MapReader, SeesAsCheckpointed):
         rollout_head_fusion: Literal["mean", "max", "min"] = "mean",
         rollout_discard_ratio: float = 0.0,
         map_shifts: int = 1,
+        map_pixels: bool = False,
         localisation_tolerance_mm: float = 5.0,
         # the start weights
         weights: str | None = None,
@@ -183,7 +186,7 @@ class ViTClassifier(StartAnchor, MapReader, SeesAsCheckpointed):
         arguments.update(img_size=contract.img_size, in_chans=contract.in_chans)
         check_hparams({**arguments, "num_classes": num_classes})
         # `weights` is a start point, not part of the model: a checkpoint must load without that file.
-        ignore = ("optimizer", "scheduler", "weights", "pretrained", "map_shifts")  # map_shifts: set per command
+        ignore = ("optimizer", "scheduler", "weights", "pretrained", "map_shifts", "map_pixels")  # maps: per command
         self.save_hyperparameters(ignore=list(ignore))
         # The CLI hands save_hyperparameters its own config, which lacks the link targets it did not set: the
         # hyper-parameters are made every argument the model is built with, so that nothing reads a fallback.
@@ -201,7 +204,7 @@ class ViTClassifier(StartAnchor, MapReader, SeesAsCheckpointed):
         # on_load_checkpoint).
         self.input_contract = contract
         self.optimizer_factory = optimizer
-        self.map_shifts = map_shifts
+        self.map_shifts, self.map_pixels = map_shifts, map_pixels
         self.scheduler_factory = scheduler
         self.configure_models()
         self.configure_losses()

@@ -1,25 +1,43 @@
 """How the model's maps are read: the logits and attention rollout of a batch from one forward pass, or over
-shifted grids (``map_shifts``, :mod:`vit_ct.explain.shifted`) for a map finer than the patches."""
+shifted grids (``map_shifts``, :mod:`vit_ct.explain.shifted`) for a map finer than the patches, and down to the pixel
+(``map_pixels``, :mod:`vit_ct.explain.pixels`) by the gradient x input through the stem."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 from torch import nn
 
 from vit_ct.explain.maps import Explained, explain_forward
+from vit_ct.explain.pixels import input_relevance, lesion_log_odds, spread_over_pixels
 from vit_ct.explain.shifted import air_level, shifted_explained
 
 
 class MapReader(nn.Module):
-    """Mixin of the model (which has ``hparams``, ``input_contract`` and a forward pass): its maps, read over
-    ``map_shifts`` shifted grids per axis (1: one pass)."""
+    """Mixin of the model (which has ``hparams``, ``task``, ``input_contract`` and a forward pass): its maps, read
+    over ``map_shifts`` shifted grids per axis (1: one pass), and with ``map_pixels`` spread over the pixels."""
 
     map_shifts: int = 1
+    map_pixels: bool = False
 
     def _explained(self, forward, image_shape) -> Explained:
         h = self.hparams
         return explain_forward(self, forward, image_shape, head_fusion=h.rollout_head_fusion,
                                discard_ratio=h.rollout_discard_ratio)  # fmt: skip
+
+    def _read(self, image: torch.Tensor, fill: torch.Tensor) -> Explained:
+        """One recorded pass; with ``map_pixels`` also the gradient x input of the lesion log-odds (gradients switched
+        on locally, also under ``torch.inference_mode``; the parameters' ``.grad`` stay untouched)."""
+        if not self.map_pixels:
+            return self._explained(lambda: self(image), image.shape)
+        with torch.inference_mode(False), torch.enable_grad():
+            x = image.clone().requires_grad_(True)  # an inference tensor cannot enter autograd, its clone can
+            explained = self._explained(lambda: self(x), x.shape)
+            score = lesion_log_odds(explained.output, self.task, self.hparams.class_names)
+            (gradient,) = torch.autograd.grad(score.sum(), x)  # slices are independent: each its own gradient
+        output = explained.output.detach()
+        return replace(explained, output=output, relevance=input_relevance(gradient, x.detach(), fill))
 
     def explain(self, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits and attention rollout ``(B, grid_h, grid_w)`` of a batch from one forward pass (:meth:`explained`)."""
@@ -30,8 +48,16 @@ class MapReader(nn.Module):
         """Logits, attention rollout and the class token's attention rows per block, from one forward pass without
         gradients (``map_shifts**2`` passes where ``map_shifts`` > 1, :func:`shifted_explained`; ``first``: the
         unshifted one, already run). Heads are fused inside the hook and only the class token's row is propagated, so
-        large slices fit (:func:`vit_ct.explain.maps.explain_forward`, with this model's rollout settings)."""
+        large slices fit (:func:`vit_ct.explain.maps.explain_forward`, with this model's rollout settings). With
+        ``map_pixels``, each pass also takes the input's gradient and ``rollout`` is ``(B, S, S)``
+        (:func:`vit_ct.explain.pixels.spread_over_pixels`)."""
         fill = air_level(self.input_contract.windows, image.shape[1])
+        if self.map_pixels and first is not None and first.relevance is None:
+            first = None  # a pass without the gradient (e.g. the losses'): run again with it
+        patch_size, shifts = self.hparams.patch_size, self.map_shifts
         with torch.no_grad():
-            return shifted_explained(lambda x: self._explained(lambda: self(x), x.shape), image, first=first,
-                                     patch_size=self.hparams.patch_size, shifts=self.map_shifts, fill=fill)  # fmt: skip
+            explained = shifted_explained(lambda x: self._read(x, fill), image, first=first, patch_size=patch_size,
+                                          shifts=shifts, fill=fill)  # fmt: skip
+        if self.map_pixels:
+            explained = replace(explained, rollout=spread_over_pixels(explained.rollout, explained.relevance))
+        return explained

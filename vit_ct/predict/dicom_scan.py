@@ -42,6 +42,8 @@ def model_provenance(pl_module) -> Provenance:
     how its maps are computed (the same weights and settings give the same UIDs on every machine)."""
     h = pl_module.hparams
     method = f"attention rollout (head fusion {h.rollout_head_fusion}, discard ratio {h.rollout_discard_ratio})"
+    if getattr(pl_module, "map_pixels", False):
+        method += ", spread over pixels by gradient x input"
     digest = hashlib.sha256(method.encode())
     for name, tensor in sorted(pl_module.state_dict().items()):
         digest.update(name.encode())

@@ -121,14 +121,16 @@ def load_review(
     batch_size: int = 16,
     input_windows=None,
     map_shifts: int | None = None,
+    map_pixels: bool = False,
 ) -> tuple[ViTClassifier, CTSliceDataModule]:
     """The model of ``ckpt_path`` (None: the latest run's best) in eval mode, reading its rollout over ``map_shifts``
-    shifted grids per axis (``--model.map_shifts`` of predict and test; None: their default, 1: one pass), and its
-    :func:`review_datamodule`."""
+    shifted grids per axis (``--model.map_shifts`` of predict and test; None: their default, 1: one pass) and, with
+    ``map_pixels`` (``--model.map_pixels``), down to the pixel; and its :func:`review_datamodule`."""
     path = resolve_checkpoint(ckpt_path)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     shifts = READ_SHIFTS if map_shifts is None else map_shifts
-    model = ViTClassifier.load_from_checkpoint(path, map_location=device, map_shifts=shifts).eval()
+    model = ViTClassifier.load_from_checkpoint(path, map_location=device, map_shifts=shifts,
+                                              map_pixels=map_pixels).eval()  # fmt: skip
     config = run_config(path)
     datamodule = review_datamodule(
         model, manifest, split=split, batch_size=batch_size, config=config, input_windows=input_windows

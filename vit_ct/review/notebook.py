@@ -86,6 +86,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--map_shifts", type=int, help="rollout over this many shifted grids per axis (default: predict's; 1: one pass)"
     )
+    parser.add_argument(
+        "--map_pixels", action="store_true", default=None, help="rollout spread over the pixels (--model.map_pixels)"
+    )
     parser.add_argument("--cell_timeout", type=float, help="seconds a cell may run, then stop with an error (no limit)")
     args = vars(parser.parse_args(argv))
     output_dir, cell_timeout = args.pop("output_dir"), args.pop("cell_timeout")
