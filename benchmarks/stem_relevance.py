@@ -16,8 +16,10 @@ Also the cost: the recorded passes at 2 x 2 with and without ``map_pixels`` (one
 
 Each map is scored as ``vit-ct test`` scores maps (pointing, in-head pixel AUROC, Dice at half max, HD95, energy in the
 mask), and, on the checkpoint's own test split, by deletion / insertion of pixels against a brain baseline
-(benchmarks/faithfulness.py's curves, every map ordered pixel by pixel). Held-out families: the shipped weights as they
-are (benchmarks/small_data.py's families). Run as a script it writes ``benchmarks/records/stem_relevance.json``.
+(benchmarks/faithfulness.py's curves, every map ordered pixel by pixel) and the model-randomisation check
+(:func:`vit_ct.explain.sanity.model_randomisation`) of the rollout and of ``map_pixels``. Held-out families: the
+shipped weights as they are (benchmarks/small_data.py's families). Run as a script it writes
+``benchmarks/records/stem_relevance.json``.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from vit_ct.data.loading.datamodule import CTSliceDataModule  # noqa: E402
 from vit_ct.explain.maps import upsample  # noqa: E402
 from vit_ct.explain.occlusion import brain_baseline  # noqa: E402
 from vit_ct.explain.pixels import POWER, SMOOTH_PX, smooth, spread_over_pixels  # noqa: E402
+from vit_ct.explain.sanity import model_randomisation, rollout_map  # noqa: E402
 from vit_ct.explain.shifted import READ_SHIFTS  # noqa: E402
 from vit_ct.model import ViTClassifier  # noqa: E402
 from vit_ct.run.records import RECORDS, command_line, git_state, table, write_record  # noqa: E402
@@ -110,6 +113,20 @@ def pixel_faithfulness(model: ViTClassifier, slices: dict, maps: dict, *, steps:
     return areas
 
 
+def randomisation(model: ViTClassifier, slices: dict, *, seed: int, batch: int) -> dict[str, dict]:
+    """The model-randomisation check (:func:`model_randomisation`) of the 2 x 2 rollout and of ``map_pixels``, inside
+    the head (the cascade's copies keep the reading)."""
+    checks = {}
+    model.map_shifts = READ_SHIFTS
+    for name, pixels in (("rollout, 2 x 2", False), (METHODS[-1], True)):
+        model.map_pixels = pixels
+        check = model_randomisation(model, slices["image"], rollout_map, region=slices["head"], seed=seed,
+                                    batch_size=batch, examples=[0], method=name)  # fmt: skip
+        checks[name] = check.to_dict()
+    model.map_pixels = False
+    return checks
+
+
 def scored(model: ViTClassifier, manifest: Path, batch: int) -> tuple[dict, torch.Tensor]:
     """Every method's map scores on the manifest's test lesion slices, and those slices' images."""
     data = CTSliceDataModule.from_contract(model.input_contract, manifest=str(manifest), num_workers=0)
@@ -128,6 +145,14 @@ def shipped_model() -> ViTClassifier:
                          in_chans=len(small_data.WINDOWS), pretrained="vit-ct/headct-tiny-256", **recipe)  # fmt: skip
 
 
+def sanity_cells(check: dict | None) -> list:
+    """A randomisation check's last step (every weight random) as table cells: mean ρ, share moved, verdict."""
+    if check is None:
+        return [None, None, None]
+    last = check["steps"][-1]
+    return [last["spearman_mean"], last["moved"], check["verdict"]]
+
+
 def main(argv: list[str] | None = None, records: Path | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=USAGE,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -142,6 +167,7 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> dict:
     )
     parser.add_argument("--steps", type=int, default=16, help="points per deletion / insertion curve")
     parser.add_argument("--n-slices", type=int, default=32, help="lesion slices in the deletion / insertion run")
+    parser.add_argument("--sanity-slices", type=int, default=16, help="lesion slices in the randomisation check")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each reading, alternating")
     parser.add_argument("--seed", type=int, default=0)
@@ -159,6 +185,8 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> dict:
     slices = {key: value[chosen[: args.n_slices].sort().values] for key, value in slices.items()}
     faithful = pixel_faithfulness(model, slices, method_maps(model, slices["image"], args.batch), steps=args.steps,
                                   seed=args.seed, batch=args.batch)  # fmt: skip
+    checks = randomisation(model, {k: v[: args.sanity_slices] for k, v in slices.items()}, seed=args.seed,
+                           batch=args.batch)  # fmt: skip
     shipped = shipped_model().eval() if args.heldout else None
     for family in args.heldout:
         root = Path("data/heldout" + ("" if family == "near" else "-far"))
@@ -169,14 +197,20 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> dict:
     for run, found in runs.items():
         rows = [[name, *(found[name][k] for k in SCORES)] for name in METHODS]
         if run == "demo":
-            rows = [[*row, *faithful[row[0]]] for row in rows]
-            rows.append(["random order", *[None] * len(SCORES), *faithful["random order"]])
+            rows = [[*row, *faithful[row[0]], *sanity_cells(checks.get(row[0]))] for row in rows]
+            rows.append(["random order", *[None] * len(SCORES), *faithful["random order"], None, None, None])
         figures |= {f"{run}_{keys[name]}_{k}": found[name][k] for name in METHODS for k in SCORES}
         columns = ["map", "pointing", "in-head pixel AUROC", "Dice at half max", "HD95 mm", "energy ratio"]
         formats = [None, ".3f", ".3f", ".3f", ".1f", ".2f"]
         if run == "demo":
-            columns, formats = columns + ["deletion AUC ↓", "insertion AUC ↑"], formats + [".4f", ".4f"]
+            columns += ["deletion AUC ↓", "insertion AUC ↑", "randomised ρ", "moved", "randomisation"]
+            formats += [".4f", ".4f", ".2f", ".0%", None]
         tables[f"stem_relevance_{run}"] = table(columns, rows, formats)
+    for name, check in checks.items():
+        last = check["steps"][-1]
+        figures |= {f"demo_{keys[name]}_randomised_spearman": last["spearman_mean"],
+                    f"demo_{keys[name]}_randomised_moved": last["moved"],
+                    f"demo_{keys[name]}_randomisation_passed": int(check["verdict"] == "PASS")}  # fmt: skip
     figures |= {f"demo_{keys.get(name, 'random')}_{what}": faithful[name][i] for name in faithful
                 for i, what in enumerate(("deletion", "insertion"))}  # fmt: skip
     rollout_s, pixels_s = statistics.median(seconds["rollout"]), statistics.median(seconds["pixels"])
