@@ -12,7 +12,8 @@ shifted passes the rollout reads. Measured here, beside the rollout, as maps of 
 - ``rollout x stem share^1/2``: the same by the share's square root, a softer spread: ``--model.map_pixels``, the
   package's reading (:mod:`vit_ct.explain.pixels`).
 
-Also the cost: the recorded passes at 2 x 2 with and without ``map_pixels`` (one backward pass each), alternating.
+Also the cost, alternating: the recorded passes at 2 x 2 with and without ``map_pixels`` (one backward pass each), and
+``vit-ct predict`` of the test split with and without it, each a fresh process.
 
 Each map is scored as ``vit-ct test`` scores maps (pointing, in-head pixel AUROC, Dice at half max, HD95, energy in the
 mask), and, on the checkpoint's own test split, by deletion / insertion of pixels against a brain baseline
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -35,7 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import small_data  # noqa: E402  (a sibling: the families, their test split and how maps are scored)
 from faithfulness import curve_area, curves, lesion_slices, patch_counts, patch_order  # noqa: E402
-from finer_maps import default_checkpoint, heldout_manifest  # noqa: E402
+from finer_maps import MANIFEST_CONFIG, default_checkpoint, heldout_manifest, timed_predict  # noqa: E402
 
 from vit_ct.data.loading.datamodule import CTSliceDataModule  # noqa: E402
 from vit_ct.explain.maps import upsample  # noqa: E402
@@ -113,6 +115,20 @@ def pixel_faithfulness(model: ViTClassifier, slices: dict, maps: dict, *, steps:
     return areas
 
 
+def predict_seconds(ckpt: Path, manifest: Path, repeats: int) -> dict[str, list[float]]:
+    """Wall seconds of ``vit-ct predict`` of the test split at 2 x 2, without and with ``--model.map_pixels true``,
+    each run a fresh process as a user starts it, alternating, after one untimed run (a cold disk)."""
+    model_args = ["--config", str(MANIFEST_CONFIG), "--ckpt_path", str(ckpt)]
+    readings = {"rollout": model_args, "pixels": [*model_args, "--model.map_pixels", "true"]}
+    seconds: dict[str, list[float]] = {name: [] for name in readings}
+    with tempfile.TemporaryDirectory(prefix="vit-ct-pixels-") as folder:
+        timed_predict(model_args, manifest, READ_SHIFTS, Path(folder) / "warm-up")
+        for _ in range(repeats):
+            for name, arguments in readings.items():
+                seconds[name].append(timed_predict(arguments, manifest, READ_SHIFTS, Path(folder) / name))
+    return seconds
+
+
 def randomisation(model: ViTClassifier, slices: dict, *, seed: int, batch: int) -> dict[str, dict]:
     """The model-randomisation check (:func:`model_randomisation`) of the 2 x 2 rollout and of ``map_pixels``, inside
     the head (the cascade's copies keep the reading)."""
@@ -179,6 +195,7 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> dict:
     demo, images = scored(model, args.manifest, args.batch)
     runs = {"demo": demo}
     seconds = model_seconds(model, images, args.batch, args.repeats)
+    predicted = predict_seconds(ckpt, args.manifest, args.repeats)
     data = CTSliceDataModule.from_contract(model.input_contract, manifest=str(args.manifest), num_workers=0)
     slices = lesion_slices(data, "test")
     chosen = torch.randperm(len(slices["image"]), generator=torch.Generator().manual_seed(args.seed))
@@ -216,10 +233,14 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> dict:
     rollout_s, pixels_s = statistics.median(seconds["rollout"]), statistics.median(seconds["pixels"])
     figures |= {"demo_model_s_rollout": rollout_s, "demo_model_s_pixels": pixels_s,
                 "demo_pixels_vs_rollout": pixels_s / rollout_s}  # fmt: skip
+    predict_rollout, predict_pixels = (statistics.median(predicted[name]) for name in ("rollout", "pixels"))
+    figures |= {"demo_predict_s_rollout": predict_rollout, "demo_predict_s_pixels": predict_pixels,
+                "demo_predict_pixels_vs_rollout": predict_pixels / predict_rollout}  # fmt: skip
     notes = {"checkpoint": str(ckpt), "manifest": str(args.manifest), "heldout": args.heldout, "steps": args.steps,
              "faithfulness_slices": len(slices["image"]), "smooth_px": SMOOTH_PX, "power": POWER,
              "shifts": READ_SHIFTS, "seed": args.seed, "threads": torch.get_num_threads(), "model_s": seconds,
-             "timed_slices": len(images), "timed": "ViTClassifier.explained, 2 x 2, inference_mode, fp32"}  # fmt: skip
+             "predict_s": predicted, "timed_slices": len(images),
+             "timed": "ViTClassifier.explained, 2 x 2, inference_mode, fp32; predict: fresh processes"}  # fmt: skip
     for name, t in tables.items():
         print(f"\n{name}\n" + "\n".join(" | ".join(str(c) for c in row) for row in [t["columns"], *t["rows"]]))
     if records is not None:
