@@ -129,3 +129,44 @@ def test_a_multiclass_model_is_read_to_the_pixel_by_its_p_lesion():
     model.eval().map_pixels = True
     explained = model.explained(_batch(channels=2)["image"])
     assert explained.rollout.shape == (2, 32, 32) and explained.relevance.abs().sum() > 0
+
+
+def test_predict_writes_the_pixel_map_and_the_review_reads_the_same(synthetic_set, tmp_path):
+    """``vit-ct predict``'s writer and the review with ``map_pixels``: the map on the source grid, the pixel ceiling
+    (the mask: Dice 1), and the review's table equal to predictions.csv."""
+    import numpy as np
+    import pandas as pd
+    from conftest import quiet_trainer
+
+    from vit_ct import review
+    from vit_ct.metrics.localisation import SCORES, SURFACE_DISTANCE_SOURCES
+    from vit_ct.metrics.schema import PREDICTIONS, REVIEW
+    from vit_ct.predict.writer import PredictionWriter
+
+    torch.manual_seed(0)
+    model = ViTClassifier(**DEMO_LEVERS, img_size=32, in_chans=2, embed_dim=32, depth=2, num_heads=2, map_shifts=2,
+                          map_pixels=True).eval()  # fmt: skip
+    windows = {"data": {"init_args": {"windows": ["brain", "subdural"]}}}
+    data = review.review_datamodule(model, synthetic_set, split="test", batch_size=3, config=windows)
+    quiet_trainer(callbacks=[PredictionWriter(tmp_path / "out")]).predict(model, datamodule=data)
+    written = pd.read_csv(tmp_path / "out" / PREDICTIONS.file, float_precision="round_trip")
+    scored = written["perfect_grid_dice"].notna()
+    assert scored.any() and (written.loc[scored, "perfect_grid_dice"] > 0.99).all()
+    assert np.load(tmp_path / "out" / written[PREDICTIONS.rollout].iloc[0]).shape == (64, 64)  # the source grid
+    table = review.run_review(model, data, progress=False)
+    assert table[REVIEW.rollout].iloc[0].shape == (32, 32)  # the model grid's pixels
+    kept = [s for s in SCORES if s != "hd95_px"]
+    shared = [PREDICTIONS.score(s, name) for s in SURFACE_DISTANCE_SOURCES for name in kept]
+    assert np.allclose(written[shared].to_numpy(), table[shared].to_numpy(), equal_nan=True, rtol=1e-6, atol=1e-9)
+
+
+def test_the_test_step_scores_the_pixel_map_under_inference_mode():
+    """``vit-ct test``'s step (Lightning runs it under inference_mode): the losses' pass has no gradient, so the map
+    is read again with it; the pixel ceiling is the mask itself."""
+    torch.manual_seed(0)
+    model = ViTClassifier(**DEMO_LEVERS, img_size=32, in_chans=1, embed_dim=32, depth=2, num_heads=2, map_shifts=2,
+                          map_pixels=True).eval()  # fmt: skip
+    with torch.inference_mode(), pytest.warns(UserWarning, match="self.log"):  # no trainer attached: no logging
+        model.test_step(_batch(), 0)
+    values = model.map_metrics["test"].compute_and_reset()
+    assert values["perfect_grid_dice"] == pytest.approx(1.0) and 0 <= values["rollout_dice"] <= 1

@@ -52,12 +52,13 @@ class MapReader(nn.Module):
         ``map_pixels``, each pass also takes the input's gradient and ``rollout`` is ``(B, S, S)``
         (:func:`vit_ct.explain.pixels.spread_over_pixels`)."""
         fill = air_level(self.input_contract.windows, image.shape[1])
+        output = None
         if self.map_pixels and first is not None and first.relevance is None:
-            first = None  # a pass without the gradient (e.g. the losses'): run again with it
+            output, first = first.output, None  # a pass without the gradient (the losses'): its output, read again
         patch_size, shifts = self.hparams.patch_size, self.map_shifts
         with torch.no_grad():
             explained = shifted_explained(lambda x: self._read(x, fill), image, first=first, patch_size=patch_size,
                                           shifts=shifts, fill=fill)  # fmt: skip
         if self.map_pixels:
             explained = replace(explained, rollout=spread_over_pixels(explained.rollout, explained.relevance))
-        return explained
+        return explained if output is None else replace(explained, output=output)
