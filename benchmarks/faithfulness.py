@@ -114,6 +114,31 @@ def curve_area(scores: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     return torch.trapezoid(scores, counts.double() / counts[-1], dim=-1)
 
 
+def map_areas(
+    model: ViTClassifier,
+    images: torch.Tensor,
+    baseline: torch.Tensor,
+    maps: dict[str, torch.Tensor],
+    *,
+    counts: torch.Tensor,
+    ends: torch.Tensor,
+    generator: torch.Generator,
+    batch: int,
+) -> dict[str, torch.Tensor]:
+    """Deletion and insertion areas ``(B, 2)`` per slice of each map ``{name: (B, gh, gw)}``, cells ordered by the
+    map (ties at random), ``batch`` slices per forward batch; the same curve points and ends for every map."""
+    grid = tuple(next(iter(maps.values())).shape[-2:])
+    areas = {}
+    for name, cells in maps.items():
+        parts = []
+        for part in torch.arange(len(images)).split(batch):
+            order = patch_order(cells[part], generator)
+            deleted, inserted = curves(model, images[part], baseline[part], order, counts, grid, ends[part])
+            parts.append(torch.stack([curve_area(deleted, counts), curve_area(inserted, counts)], dim=1))
+        areas[name] = torch.cat(parts)
+    return areas
+
+
 class _GridGradCAM(GradCAM):
     """Grad-CAM left on the patch grid: the package resizes to the input, which would blur the patch order."""
 

@@ -19,7 +19,7 @@ import torch
 from torchmetrics.functional.classification import binary_auroc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from faithfulness import curve_area, curves, lesion_slices, patch_counts, patch_order  # noqa: E402  (a sibling)
+from faithfulness import lesion_slices, map_areas, patch_counts  # noqa: E402  (a sibling)
 
 from vit_ct.data.loading.datamodule import CTSliceDataModule  # noqa: E402
 from vit_ct.explain.occlusion import brain_baseline  # noqa: E402
@@ -133,14 +133,7 @@ def faithfulness(model: ViTClassifier, slices: dict, settings: list[int], *, ste
     grid = tuple(next(iter(maps.values())).shape[-2:])
     maps["random"] = torch.rand(len(images), *grid, generator=generator)
     counts = patch_counts(grid[0] * grid[1], steps)
-    areas = {}
-    for name, cells in maps.items():
-        parts = []
-        for part in torch.arange(len(images)).split(batch):
-            order = patch_order(cells[part], generator)
-            deleted, inserted = curves(model, images[part], baseline[part], order, counts, grid, ends[part])
-            parts.append(torch.stack([curve_area(deleted, counts), curve_area(inserted, counts)], dim=1))
-        areas[name] = torch.cat(parts)
+    areas = map_areas(model, images, baseline, maps, counts=counts, ends=ends, generator=generator, batch=batch)
     return areas, grid
 
 

@@ -36,7 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import small_data  # noqa: E402  (a sibling: the families, their test split and how maps are scored)
-from faithfulness import curve_area, curves, lesion_slices, patch_counts, patch_order  # noqa: E402
+from faithfulness import lesion_slices, map_areas, patch_counts  # noqa: E402
 from finer_maps import MANIFEST_CONFIG, default_checkpoint, heldout_manifest, timed_predict  # noqa: E402
 
 from vit_ct.data.loading.datamodule import CTSliceDataModule  # noqa: E402
@@ -104,14 +104,8 @@ def pixel_faithfulness(model: ViTClassifier, slices: dict, maps: dict, *, steps:
     grid = tuple(images.shape[-2:])
     counts = patch_counts(grid[0] * grid[1], steps)
     maps = {**maps, "random order": torch.rand(len(images), *grid, generator=generator)}
-    areas = {}
-    for name, m in maps.items():
-        found = []
-        for part in torch.arange(len(images)).split(batch):
-            order = patch_order(m[part], generator)
-            deleted, inserted = curves(model, images[part], baseline[part], order, counts, grid, ends[part])
-            found.append(torch.stack([curve_area(deleted, counts), curve_area(inserted, counts)], dim=1))
-        areas[name] = [float(v) for v in torch.cat(found).mean(dim=0)]
+    areas = map_areas(model, images, baseline, maps, counts=counts, ends=ends, generator=generator, batch=batch)
+    return {name: [float(v) for v in a.mean(dim=0)] for name, a in areas.items()}
     return areas
 
 

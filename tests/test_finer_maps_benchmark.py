@@ -56,3 +56,24 @@ def test_the_benchmark_writes_a_record_whose_figures_agree(tiny_checkpoint, synt
     assert [row[0] for row in maps["rows"]] == ["rollout, map_shifts 1", "rollout, map_shifts 2",
         "perfect patch map", "perfect grid map, map_shifts 2", "floor: image", "floor: head", "random map"]  # fmt: skip
     assert maps["rows"][1][4] == f["shifts2_rollout_dice"]
+
+
+def test_the_pixel_benchmark_scores_what_vit_ct_test_reports(tiny_checkpoint, synthetic_set, tmp_path):
+    """benchmarks/stem_relevance.py: its map_pixels row is what `vit-ct test --model.map_pixels true` scores, the
+    pixel map's randomisation check is recorded, and the cost ratios are the record's own times."""
+    stem_relevance, finer_maps = load_benchmark("stem_relevance"), load_benchmark("finer_maps")
+    argv = ["--ckpt", str(tiny_checkpoint), "--manifest", str(synthetic_set), "--repeats", "1", "--n-slices", "3",
+            "--sanity-slices", "2", "--steps", "4"]  # fmt: skip
+    stem_relevance.main(argv, records=tmp_path)
+    record = json.loads((tmp_path / "stem_relevance.json").read_text())
+    f = record["figures"]
+    model_args = ["--config", str(finer_maps.MANIFEST_CONFIG), "--ckpt_path", str(tiny_checkpoint)]
+    direct = finer_maps.test_metrics([*model_args, "--model.map_pixels", "true"], synthetic_set, 2)
+    assert f["demo_pixels_dice"] == pytest.approx(direct["rollout_dice"])
+    assert direct["perfect_grid_dice"] == pytest.approx(1.0)  # on the pixels, the perfect map is the mask
+    plain = finer_maps.test_metrics(model_args, synthetic_set, 2)
+    assert f["demo_rollout2_dice"] == pytest.approx(plain["rollout_dice"])
+    assert f["demo_pixels_randomisation_passed"] in (0, 1) and 0 <= f["demo_pixels_deletion"] <= 1
+    assert f["demo_pixels_vs_rollout"] == pytest.approx(f["demo_model_s_pixels"] / f["demo_model_s_rollout"])
+    rows = record["tables"]["stem_relevance_demo"]["rows"]
+    assert [row[0] for row in rows] == [*stem_relevance.METHODS, "random order"]
