@@ -97,7 +97,7 @@ class ViTClassifier(StartAnchor, MapReader, SeesAsCheckpointed):
             prefix tokens.
         warmup_epochs: Linear warm-up length of the default cosine schedule, in epochs (fractions allowed).
         layer_decay: Layer-wise learning-rate decay (e.g. 0.75) for fine-tuning; None: the same rate everywhere.
-        grad_checkpointing: Recompute block activations in the backward pass (less memory, ~30% slower); not while
+        grad_checkpointing: Recompute block activations in the backward pass (less memory, more compute); not while
             the attention loss is on (``attention_loss_weight`` > 0), whose attention must stay in the graph.
         optimizer: Replaces the default AdamW; receives the parameter groups.
         scheduler: Replaces the default per-step warm-up + cosine schedule.

@@ -1,8 +1,8 @@
 """What the machine can do, decided in one place: the CPUs this process may use and the fastest precision it has.
 
 ``precision: auto`` (the default of every config) resolves here: on CPU, bf16 autocast only where bf16 is native
-(AVX512-BF16 or AMX on x86, the bf16 extension on Arm) and fp32 elsewhere, where emulated bf16 is ~20x slower; on a
-GPU, bf16 autocast where the GPU computes bf16 natively (Ampere and newer), else fp16 autocast with loss scaling.
+(AVX512-BF16 or AMX on x86, the bf16 extension on Arm) and fp32 elsewhere, where emulated bf16 is many times slower;
+on a GPU, bf16 autocast where the GPU computes bf16 natively (Ampere and newer), else fp16 autocast with loss scaling.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ The ranks of a DDP job on one machine split the CPUs, and the ones it starts wai
 the simulator's worker processes run one thread each (torch's default for DataLoader workers; the simulator sets it),
 so no OpenMP team of theirs spins. A value the user sets (``OMP_NUM_THREADS``, ``OMP_WAIT_POLICY``) always wins.
 
-Why not passive waiting everywhere: a demo fit alone on 2 cores took 1.3x as long with it (benchmarks/wait_policy.py).
+Why not passive waiting everywhere: a demo fit alone on 2 cores is slower with it (benchmarks/wait_policy.py, its
+record and docs/benchmarks.md).
 """
 
 from __future__ import annotations
