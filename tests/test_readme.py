@@ -1,8 +1,9 @@
 """Every command of the README's ```bash blocks runs, on a tiny set with few steps but at the input sizes the configs
 really resolve to, so that a documented command that stops working, or a chain of them whose configs and checkpoints
 disagree (fit -> predict, the demo recipe on your own slices, a checkpoint's windows), fails `make test`. The blocks
-are parsed from README.md: a new block is covered without editing this file, and a command this file cannot run fails
-until it is given a runner or a listed reason to skip.
+are parsed from README.md and the pages it sends readers to for commands (docs/scaling.md): a new block is covered
+without editing this file, and a command this file cannot run fails until it is given a runner or a listed reason to
+skip.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from npy_manifest import write_npy_manifest
 from vit_ct.model import shipped
 
 README = ROOT / "README.md"
+PAGES = (README, ROOT / "docs" / "scaling.md")  # the Markdown whose ```bash blocks a reader runs
 VENV = Path(sys.executable).parent.parent
 
 # Commands not run here, each with its reason: only what needs the network, a GPU, a server of its own, or would run
@@ -46,14 +48,15 @@ PLACEHOLDERS = {"CKPT": "runs/latest/checkpoints/last.ckpt", "DICOM_DIR": "dicom
 
 
 class Command(NamedTuple):
-    line: int  # of README.md, where the command starts
+    line: int  # of its page, where the command starts
     argv: list[str]
+    page: str = "README.md"
 
     def __str__(self) -> str:
-        return f"README.md line {self.line}: {shlex.join(self.argv)}"
+        return f"{self.page} line {self.line}: {shlex.join(self.argv)}"
 
 
-def readme_blocks(text: str) -> list[list[Command]]:
+def readme_blocks(text: str, page: str = "README.md") -> list[list[Command]]:
     """The commands of each ```bash block: continuation lines joined, comments dropped."""
     blocks, block, pending, start = [], None, "", 0
     for number, line in enumerate(text.splitlines(), start=1):
@@ -71,12 +74,12 @@ def readme_blocks(text: str) -> list[list[Command]]:
         if not line.rstrip().endswith("\\"):
             argv = shlex.split(pending, comments=True)
             if argv:
-                block.append(Command(start, argv))
+                block.append(Command(start, argv, page))
             pending = ""
     return blocks
 
 
-BLOCKS = readme_blocks(README.read_text())
+BLOCKS = [block for path in PAGES for block in readme_blocks(path.read_text(), str(path.relative_to(ROOT)))]
 
 
 def skip_reason(command: Command) -> str | None:
