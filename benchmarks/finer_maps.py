@@ -155,10 +155,12 @@ def paired_difference(differences: torch.Tensor) -> list[tuple[float, float]]:
     return [(float(m), float(e)) for m, e in zip(differences.mean(dim=0), se, strict=True)]
 
 
-def heldout_manifest(family: str, root: Path) -> Path:
-    """benchmarks/small_data.py's held-out family, as it builds it (its default patients, slices, splits)."""
+def heldout_manifest(family: str, root: Path | None = None) -> Path:
+    """benchmarks/small_data.py's held-out family, as it builds it (its default patients, slices, splits), under
+    ``root`` (default ``data/heldout``, ``data/heldout-far``)."""
     import small_data  # a sibling script
 
+    root = root or Path("data/heldout" + ("" if family == "near" else "-far"))
     phantom, seed = small_data.HELDOUT_FAMILIES[family]
     from vit_ct.sim.synthetic import build_synthetic_dataset
 
@@ -280,8 +282,7 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> dict:
         "warm_up": args.warm_up,
     }  # fmt: skip
     if args.heldout:
-        family_root = args.heldout_root or Path("data/heldout" + ("" if args.heldout == "near" else "-far"))
-        manifest = heldout_manifest(args.heldout, family_root)
+        manifest = heldout_manifest(args.heldout, args.heldout_root)
         shipped_args = ["--config", str(SHIPPED_CONFIG)]
         held = {s: test_metrics(shipped_args, manifest, s) for s in settings}
         held_predicted = predictions(shipped_args, manifest, settings, 1)

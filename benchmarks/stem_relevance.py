@@ -36,7 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import small_data  # noqa: E402  (a sibling: the families, their test split and how maps are scored)
-from faithfulness import lesion_slices, map_areas, patch_counts  # noqa: E402
+from faithfulness import map_areas, patch_counts  # noqa: E402
 from finer_maps import MANIFEST_CONFIG, default_checkpoint, heldout_manifest, timed_predict  # noqa: E402
 
 from vit_ct.data.loading.datamodule import CTSliceDataModule  # noqa: E402
@@ -137,15 +137,17 @@ def randomisation(model: ViTClassifier, slices: dict, *, seed: int, batch: int) 
     return checks
 
 
-def scored(model: ViTClassifier, manifest: Path, batch: int) -> tuple[dict, torch.Tensor]:
-    """Every method's map scores on the manifest's test lesion slices, and those slices' images."""
+def scored(model: ViTClassifier, manifest: Path, batch: int) -> tuple[dict, dict[str, torch.Tensor]]:
+    """Every method's map scores on the manifest's test lesion slices, and those slices (``image``, ``head``, in
+    manifest order: what :func:`faithfulness.lesion_slices` selects), read once for the faithfulness run."""
     data = CTSliceDataModule.from_contract(model.input_contract, manifest=str(manifest), num_workers=0)
     data.check("test")
     test = small_data.split_tensors(data, "test")
     lesion = (test["label"] == 1) & test["has_mask"] & ((test["mask"] > 0.5) & (test["head"] > 0.5)).flatten(1).any(1)
     maps = method_maps(model, test["image"][lesion], batch)
     size = test["image"].shape[-1]
-    return {name: small_data.score_maps(m, test, lesion, size) for name, m in maps.items()}, test["image"][lesion]
+    slices = {key: test[key][lesion] for key in ("image", "head")}
+    return {name: small_data.score_maps(m, test, lesion, size) for name, m in maps.items()}, slices
 
 
 def shipped_model() -> ViTClassifier:
@@ -186,12 +188,10 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> dict:
     torch.manual_seed(args.seed)
     ckpt = args.ckpt or Path(default_checkpoint())
     model = ViTClassifier.load_from_checkpoint(ckpt, map_location="cpu").eval()
-    demo, images = scored(model, args.manifest, args.batch)
-    runs = {"demo": demo}
+    demo, slices = scored(model, args.manifest, args.batch)
+    runs, images = {"demo": demo}, slices["image"]
     seconds = model_seconds(model, images, args.batch, args.repeats)
     predicted = predict_seconds(ckpt, args.manifest, args.repeats)
-    data = CTSliceDataModule.from_contract(model.input_contract, manifest=str(args.manifest), num_workers=0)
-    slices = lesion_slices(data, "test")
     chosen = torch.randperm(len(slices["image"]), generator=torch.Generator().manual_seed(args.seed))
     slices = {key: value[chosen[: args.n_slices].sort().values] for key, value in slices.items()}
     faithful = pixel_faithfulness(model, slices, method_maps(model, slices["image"], args.batch), steps=args.steps,
@@ -200,8 +200,7 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> dict:
                            batch=args.batch)  # fmt: skip
     shipped = shipped_model().eval() if args.heldout else None
     for family in args.heldout:
-        root = Path("data/heldout" + ("" if family == "near" else "-far"))
-        runs[family] = scored(shipped, heldout_manifest(family, root), args.batch)[0]
+        runs[family] = scored(shipped, heldout_manifest(family), args.batch)[0]
 
     figures, tables = {}, {}
     keys = dict(zip(METHODS, ("rollout1", "rollout2", "stem", "share", "pixels"), strict=True))
