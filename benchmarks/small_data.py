@@ -44,6 +44,7 @@ from vit_ct.data.loading.datamodule import CTSliceDataModule, CTSliceDataset
 from vit_ct.explain.maps import upsampled_rollout
 from vit_ct.explain.segmentation import perfect_patch_map
 from vit_ct.metrics.localisation import LocalisationMetrics, model_grid_spacing_mm, score_slices
+from vit_ct.metrics.sink import mass_share
 from vit_ct.model import ViTClassifier
 from vit_ct.model.optim import warmup_cosine_schedule
 from vit_ct.run.hardware import auto_precision, describe_machine
@@ -299,6 +300,7 @@ def score_maps(maps: torch.Tensor, test: dict, lesion: torch.Tensor, img_size: i
     metric.update(maps, masks, head, known=test["has_mask"][lesion])
     scores = {key: float(value) for key, value in metric.compute().items()}
     out = {k: scores[k] for k in ("pointing", "energy_ratio", "pixel_auroc", "dice", "hd95_mm", "slices")}
+    out["outside_head"] = float(mass_share(maps, head < 0.5).mean())  # the map's share off the head, per slice
     n = len(maps)
     spacings = torch.full((n,), spacing, dtype=torch.float64)
     scored, per_slice = score_slices(maps, masks, head, tolerance_px=TOLERANCE_MM / spacings, spacing_mm=spacings,
@@ -390,8 +392,8 @@ def train(row: Row, data: CTSliceDataModule, args: argparse.Namespace, seed: int
 def markdown(rows: list[dict]) -> str:
     lines = [
         "| model | input | test AUROC [95% CI] | scan AUROC | map | pointing | by lesion size (quartiles) "
-        "| energy ratio | pixel AUROC | Dice at half max | HD95 mm | train s | images/s |",
-        "|---|---|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|",
+        "| energy ratio | outside head | pixel AUROC | Dice at half max | HD95 mm | train s | images/s |",
+        "|---|---|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
 
     def num(value, fmt):
@@ -399,28 +401,35 @@ def markdown(rows: list[dict]) -> str:
 
     for r in rows:
         auroc = f"{r['auroc']:.3f} [{r['auroc_low']:.2f}, {r['auroc_high']:.2f}]" if "auroc" in r else ""
-        if r.get("seeds", 1) > 1:
+        pointing, dice = (num(r.get(key), ".3f") for key in ("pointing", "dice"))
+        if r.get("seeds", 1) > 1:  # the mean over seeds ± their standard deviation
             auroc = f"{r['auroc']:.3f} ± {r['auroc_sd']:.3f} ({r['seeds']} seeds)"
+            pointing, dice = (f"{r[key]:.3f} ± {r[key + '_sd']:.3f}" for key in ("pointing", "dice"))
         by_size = " / ".join(num(r.get(f"pointing_q{q}"), ".2f") for q in range(1, 5)) if "pointing_q1" in r else ""
         lines.append(
             f"| {r['name']} | {r['input']} | {auroc} | {num(r.get('scan_auroc'), '.3f')} | {r.get('map', '')} "
-            f"| {num(r.get('pointing'), '.3f')} "
-            f"| {by_size} | {num(r.get('energy_ratio'), '.2f')} | {num(r.get('pixel_auroc'), '.3f')} "
-            f"| {num(r.get('dice'), '.3f')} | {num(r.get('hd95_mm'), '.1f')} "
+            f"| {pointing} "
+            f"| {by_size} | {num(r.get('energy_ratio'), '.2f')} | {num(r.get('outside_head'), '.1%')} "
+            f"| {num(r.get('pixel_auroc'), '.3f')} "
+            f"| {dice} | {num(r.get('hd95_mm'), '.1f')} "
             f"| {num(r.get('train_s'), '.0f')} | {num(r.get('images_per_s'), '.1f')} |"
         )
     return "\n".join(lines)
 
 
+SPREAD = ("auroc", "pointing", "dice")  # the figures whose spread over seeds a row also gives
+
+
 def mean_over_seeds(runs: list[dict]) -> dict:
-    """One row from the same row trained with several seeds: the mean of every figure, the AUROC's spread."""
+    """One row from the same row trained with several seeds: the mean of every figure, the spread of ``SPREAD``."""
     if len(runs) == 1:
         return runs[0]
     row = dict(runs[0])
     for key, value in runs[0].items():
         if isinstance(value, float):
             row[key] = float(np.nanmean([r[key] for r in runs]))
-    row.update(seeds=len(runs), auroc_sd=float(np.std([r["auroc"] for r in runs], ddof=1)), per_seed=runs)
+    row.update({f"{key}_sd": float(np.std([r[key] for r in runs], ddof=1)) for key in SPREAD})
+    row.update(seeds=len(runs), per_seed=runs)
     return row
 
 
@@ -432,8 +441,9 @@ def record_of(results: list[dict]) -> tuple[dict, dict]:
     figures = {}
     for r in results:
         slug = re.sub(r"[^a-z0-9]+", "_", f"{r['name']} {r['input']}".lower()).strip("_")
-        figures |= {f"{slug}_{key}": r[key] for key in ("auroc", "auroc_sd", "scan_auroc", "pointing", "pixel_auroc",
-                    "dice", "hd95_mm") if isinstance(r.get(key), (int, float))}  # fmt: skip
+        keys = ("auroc", "scan_auroc", "pointing", "pixel_auroc", "dice", "hd95_mm", "outside_head",
+                *(f"{k}_sd" for k in SPREAD))  # fmt: skip
+        figures |= {f"{slug}_{key}": r[key] for key in keys if isinstance(r.get(key), (int, float))}
     return table(columns, rows), figures
 
 

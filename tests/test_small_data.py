@@ -96,6 +96,20 @@ def test_patient_bootstrap_gives_sklearns_auroc_inside_its_interval(sd):
     assert sd.patient_bootstrap_auroc(labels, labels + 0.5, patients, n=50) == (1.0, 1.0, 1.0)
 
 
+def test_seeds_give_a_row_of_means_with_their_spread(sd):
+    runs = [{"name": "ViT", "input": "256", "auroc": a, "auroc_low": 0.0, "auroc_high": 1.0, "pointing": p, "dice": d,
+             "seed": seed} for seed, (a, p, d) in enumerate([(0.70, 0.50, 0.30), (0.74, 0.60, 0.36)])]  # fmt: skip
+    row = sd.mean_over_seeds(runs)
+    assert (row["auroc"], row["pointing"], row["dice"]) == pytest.approx((0.72, 0.55, 0.33))
+    assert (row["auroc_sd"], row["pointing_sd"], row["dice_sd"]) == pytest.approx(
+        tuple(np.array([0.04, 0.1, 0.06]) / np.sqrt(2))  # the sample standard deviation of two
+    )
+    assert row["seeds"] == 2 and row["per_seed"] == runs
+    assert "| 0.720 ± 0.028 (2 seeds) |" in sd.markdown([row]) and "| 0.330 ± 0.042 |" in sd.markdown([row])
+    _, figures = sd.record_of([row])
+    assert figures["vit_256_dice_sd"] == pytest.approx(0.06 / np.sqrt(2)) and "vit_256_pointing_sd" in figures
+
+
 def test_image_statistics_read_only_the_head(sd):
     image = torch.rand(3, 2, 16, 16)
     head = torch.zeros(3, 1, 16, 16)
@@ -145,6 +159,9 @@ def test_tiny_run_trains_every_kind_of_row_and_writes_its_table(sd, tmp_path):
     }
     assert rows["ResNet-18, scratch"]["map"] == "Grad-CAM" and rows["ViT, fine-tuned + masks"]["map"] == "rollout"
     assert rows["floor: head mask"]["pixel_auroc"] == pytest.approx(0.5)  # uniform over the head: chance
+    assert rows["floor: head mask"]["outside_head"] == 0.0  # nothing of it off the head
+    assert rows["floor: windowed image"]["outside_head"] == 0.0  # air windows to 0
+    assert all(0.0 <= r["outside_head"] <= 1.0 for r in rows.values() if "outside_head" in r)
     for name in ("ResNet-18, scratch", "ViT, fine-tuned + masks"):
         assert 0.0 <= rows[name]["auroc_low"] <= rows[name]["auroc"] <= rows[name]["auroc_high"] <= 1.0
         assert rows[name]["images_seen"] == train_slices  # one epoch
