@@ -160,7 +160,7 @@ def heldout_manifest(family: str, root: Path | None = None) -> Path:
     ``root`` (default ``data/heldout``, ``data/heldout-far``)."""
     import small_data  # a sibling script
 
-    root = root or Path("data/heldout" + ("" if family == "near" else "-far"))
+    root = root or small_data.family_root(family)
     phantom, seed = small_data.HELDOUT_FAMILIES[family]
     from vit_ct.sim.synthetic import build_synthetic_dataset
 

@@ -200,6 +200,11 @@ class ResNetClassifier(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": schedule}
 
 
+def family_root(family: str, as_scans: bool = False) -> Path:
+    """Where a held-out family is built unless ``--root`` says otherwise: ``data/heldout[-far][-scans]``."""
+    return Path("data/heldout" + ("" if family == "near" else "-far") + ("-scans" if as_scans else ""))
+
+
 def finetune_recipe() -> dict:
     """The model section of ``configs/finetune.yaml``, the README's recipe, less the start weights and depth that a
     row sets: what every fine-tuned row trains with, read from the file so that the two cannot drift apart."""
@@ -508,8 +513,7 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> str:
     if args.as_scans:
         phantom, family_seed = replace(phantom, **AS_SCANS), family_seed + AS_SCANS_SEED_OFFSET
     manifest = build_synthetic_dataset(
-        args.root
-        or Path("data/heldout" + ("" if args.family == "near" else "-far") + ("-scans" if args.as_scans else "")),
+        args.root or family_root(args.family, args.as_scans),
         n_patients=args.patients,
         slices_per_patient=args.slices_per_patient,
         seed=family_seed,
