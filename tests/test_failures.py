@@ -21,6 +21,7 @@ from sklearn.metrics import roc_auc_score
 
 from vit_ct import ViTClassifier
 from vit_ct.cli import main
+from vit_ct.files import OUTPUT_RECORD
 from vit_ct.metrics import classification as metrics
 from vit_ct.metrics.classification import DefinedBinaryAUROC, DefinedMulticlassAUROC, DefinedMultilabelAUROC
 from vit_ct.run.checkpoint import AtomicCheckpointIO
@@ -75,16 +76,26 @@ def test_predict_refuses_a_used_output_folder_and_overwrite_keeps_nothing_of_the
     first = _files(out)
     assert len(pd.read_csv(out / "predictions.csv")) == 3
 
-    with pytest.raises(ValueError, match=r"out is not empty .*--overwrite"):
+    with pytest.raises(
+        ValueError, match=r"out is not empty: it holds an earlier output of vit-ct predict.*--overwrite true"
+    ):
         _predict(manifest, ckpt, out, "--data.init_args.predict_split", "test")
     assert _files(out) == first  # untouched
 
-    # an earlier (crashed) run's rank file: never merged into the new table, and gone with the rest of the old run
-    (out / ".predictions.rank1.csv").write_text(pd.read_csv(out / "predictions.csv").assign(index=99).to_csv())
+    # a file predict did not write (named like a rank's partial table): --overwrite refuses to delete it, OUT untouched
+    stray = out / ".predictions.rank1.csv"
+    stray.write_text(pd.read_csv(out / "predictions.csv").assign(index=99).to_csv())
+    with pytest.raises(ValueError, match=r"out is not empty and holds 1 file\(s\) that vit-ct predict did not write"
+                       r" \(\.predictions\.rank1\.csv\)"):  # fmt: skip
+        _predict(manifest, ckpt, out, "--data.init_args.predict_split", "test", "--overwrite", "true")
+    assert stray.is_file()
+    stray.unlink()
+    assert _files(out) == first
     _predict(manifest, ckpt, out, "--data.init_args.predict_split", "test", "--overwrite", "true")
     table = pd.read_csv(out / "predictions.csv")
     assert len(table) == 2 and not table["image"].duplicated().any()
-    written = {"predictions.csv", "run.json", "scans.csv", "maps", "overlays", *table["rollout"], *table["overlay"]}
+    written = {"predictions.csv", "run.json", "scans.csv", "maps", "overlays", *table["rollout"], *table["overlay"],
+               OUTPUT_RECORD}  # fmt: skip
     assert set(_files(out)) == written  # not one file of the first run survives beside the new ones
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]  # no partial folder left
 
@@ -105,12 +116,12 @@ def test_overwrite_through_a_link_replaces_the_target_and_keeps_the_link(data, t
     manifest, ckpt = data
     target = tmp_path / "target"
     target.mkdir()
-    (target / "old.txt").write_text("an earlier run")
     link = tmp_path / "out"
     link.symlink_to(target, target_is_directory=True)
+    _predict(manifest, ckpt, link, "--data.init_args.predict_split", "val")
     _predict(manifest, ckpt, link, "--data.init_args.predict_split", "test", "--overwrite", "true")
     assert link.is_symlink() and link.resolve() == target.resolve()
-    assert not (target / "old.txt").exists() and len(pd.read_csv(target / "predictions.csv")) == 2
+    assert len(pd.read_csv(target / "predictions.csv")) == 2
 
 
 def test_overwrite_never_deletes_the_runs_own_inputs(data, tmp_path):

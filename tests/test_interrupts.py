@@ -16,9 +16,10 @@ import pandas as pd
 import pytest
 from npy_manifest import manifest_args, write_npy_manifest
 
+from vit_ct.files import signals_held
 from vit_ct.run import interrupts
 from vit_ct.run.checkpoint import read_checkpoint
-from vit_ct.run.interrupts import LEADER_PID, Interrupted, deferred_interrupts, received_signal, stop_on_signals
+from vit_ct.run.interrupts import LEADER_PID, Interrupted, received_signal, stop_on_signals
 
 TESTS = Path(__file__).resolve().parent
 NO_LOGGER = ["--trainer.logger", "false"]
@@ -180,7 +181,7 @@ def test_a_second_signal_soon_after_the_first_does_not_cut_the_shutdown_short(ow
 
 
 def test_ctrl_c_is_deferred_like_sigterm_in_a_protected_block(own_handlers):
-    with pytest.raises(Interrupted), deferred_interrupts():
+    with pytest.raises(Interrupted), signals_held():
         _deliver(signal.SIGINT)
         done = True  # the block runs to its end
     assert done and received_signal() == signal.SIGINT

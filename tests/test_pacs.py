@@ -170,11 +170,16 @@ def test_only_ct_images_are_retrieved_from_a_ct_series(orthanc, tmp_path, capsys
 def test_the_command_refuses_a_folder_with_other_files_before_asking_the_server(tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("mine")
     url = f"http://127.0.0.1:{free_port()}/dicom-web"
-    with pytest.raises(SystemExit) as exit_info:
-        main(["pacs", url, "--study", "1.2.3", "--output_dir", str(tmp_path)])
-    assert exit_info.value.code == 1
-    assert f"--output_dir {tmp_path} is not empty; choose a new folder or add --overwrite" in capsys.readouterr().err
-    assert (tmp_path / "notes.txt").read_text() == "mine"
+    for overwrite in ([], ["--overwrite"]):  # --overwrite replaces only an earlier pacs output: never a user's files
+        with pytest.raises(SystemExit) as exit_info:
+            main(["pacs", url, "--study", "1.2.3", "--output_dir", str(tmp_path), *overwrite])
+        assert exit_info.value.code == 1
+        assert f"--output_dir {tmp_path} is not empty and holds 1 file(s) that vit-ct pacs did not write (notes.txt)" \
+            in capsys.readouterr().err  # fmt: skip
+        assert (
+            sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+            and (tmp_path / "notes.txt").read_text() == "mine"
+        )
 
 
 def test_a_server_that_is_down_is_named_and_nothing_is_reported_stored(tmp_path):

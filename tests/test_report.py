@@ -246,8 +246,11 @@ def test_a_report_of_a_predict_output_beside_a_made_up_cnn(tmp_path):
     overlay = base64.b64encode((out / "overlays" / f"{Path(worst[0]['image']).stem}.png").read_bytes()).decode()
     assert overlay in page  # the worst cases with their overlays
 
-    # a second report into the same folder replaces the first; OUT/report by default
-    main(["report", str(out), "--manifest", str(manifest), "--output_dir", str(report), "--bootstrap", "20"])
+    # a second report into the same folder is refused, then replaces the first with --overwrite; OUT/report by default
+    again = ["report", str(out), "--manifest", str(manifest), "--output_dir", str(report), "--bootstrap", "20"]
+    with pytest.raises(SystemExit):
+        main(again)
+    main([*again, "--overwrite"])
     assert "compare" in json.loads((report / "report.json").read_text())
     assert json.loads((report / "report.json").read_text())["compare"] == {}
 

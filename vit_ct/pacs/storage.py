@@ -38,6 +38,14 @@ class StoredFile:
     retrieve_url: str = ""  # where the server says it can be read back
 
 
+class StoreInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM while files were being stored; ``report`` says what became of each file up to then."""
+
+    def __init__(self, report: StoreReport) -> None:
+        super().__init__("interrupted while storing")
+        self.report = report
+
+
 @dataclass
 class StoreReport:
     """Every file asked for, in order, and the server they went to."""
@@ -85,14 +93,36 @@ def store_files(
 
     A file that is no DICOM file, or has no SOPInstanceUID, is reported, not sent. When a request fails as a whole
     (the server stops, refuses or times out), its files and every later one are reported unstored with that error,
-    and nothing more is sent.
+    and nothing more is sent. Ctrl-C (a ``KeyboardInterrupt``) raises :class:`StoreInterrupted` with the report of
+    every file: the request in flight may or may not have been stored, the later files were not sent.
     """
     import pydicom
 
     report = StoreReport(server.url, [])
     batch: list[tuple[Path, pydicom.Dataset]] = []
+    try:
+        _store_all(server, list(map(Path, paths)), report, batch, study, batch_bytes)
+    except KeyboardInterrupt as interrupt:
+        listed, in_flight = {f.path for f in report.files}, {str(path): dataset for path, dataset in batch}
+        for path in map(str, paths):
+            if path in listed:
+                continue
+            if path in in_flight:
+                uid, reason = str(in_flight[path].SOPInstanceUID), "interrupted while the server was storing it: it"
+                reason += " may be stored there or not (its STOW-RS answer never came)"
+            else:
+                uid, reason = None, "not sent: interrupted before it was sent"
+            report.files.append(StoredFile(path, uid, False, reason))
+        raise StoreInterrupted(report) from interrupt
+    return report
+
+
+def _store_all(server: Server, paths: list[Path], report: StoreReport, batch: list, study, batch_bytes: int) -> None:
+    """:func:`store_files`' loop; ``batch`` holds the files of the request being prepared or sent."""
+    import pydicom
+
     size, stopped = 0, ""
-    for path in map(Path, paths):
+    for path in paths:
         if stopped:
             report.files.append(StoredFile(str(path), _uid_of(path), False, stopped))
             continue
@@ -108,10 +138,11 @@ def store_files(
         size += path.stat().st_size
         if size >= batch_bytes:
             stopped = _store_batch(server, batch, report, study)
-            batch, size = [], 0
+            batch.clear()
+            size = 0
     if batch and not stopped:
         _store_batch(server, batch, report, study)
-    return report
+        batch.clear()
 
 
 def _store_batch(server: Server, batch: list, report: StoreReport, study: str | None) -> str:

@@ -21,7 +21,7 @@ from vit_ct.data.transforms.model_input import HEAD_HU
 from vit_ct.data.transforms.windows import DISPLAY_WINDOW
 from vit_ct.explain.overlay import add_caption, render_overlay
 from vit_ct.explain.segmentation import half_max_region
-from vit_ct.files import atomic_write
+from vit_ct.files import atomic_write, inside, safe_name
 from vit_ct.metrics.lesion_probability import lesion_probability
 from vit_ct.metrics.schema import PREDICTIONS, RUN_JSON, SCANS
 from vit_ct.predict.dicom_objects import (
@@ -103,7 +103,7 @@ def write_dicom_objects(output_dir: str | Path, provenance: Provenance, *, windo
         prob, peak = float(scans.loc[scan_id, SCANS.prob]), int(scans.loc[scan_id, SCANS.peak_slice])
         peak_image = sources[peak].get("InstanceNumber", peak + 1)
         summary = f"P(lesion) {prob:.3f}, peak image {peak_image}"
-        folder = out / DICOM_FOLDER / str(scan_id)
+        folder = inside(out / DICOM_FOLDER, safe_name(scan_id))  # the scan id is the manifest's
         objects = {
             "pm": [parametric_map(sources, maps, provenance, description=f"vit-ct rollout; {summary}")],
             "seg": [segmentation(sources, region, provenance, description=f"vit-ct half-max; {summary}")],

@@ -20,7 +20,7 @@ from vit_ct.data.manifests.labels import lesion_labels
 from vit_ct.data.manifests.manifest import frame_number
 from vit_ct.data.transforms.windows import AIR_HU
 from vit_ct.explain.volume_views import render_orthogonal_views
-from vit_ct.files import atomic_write
+from vit_ct.files import atomic_write, inside, safe_name
 from vit_ct.metrics.lesion_probability import lesion_probability, scan_column, scan_summary
 from vit_ct.metrics.schema import PREDICTIONS, SCANS
 
@@ -149,14 +149,16 @@ class ScanResultsWriter(Callback):
             files = zip(group[SCANS.order], group[PREDICTIONS.rollout], strict=True)
             maps = {int(k): np.load(self.output_dir / r) for k, r in files}
             ct, rollout = scan_volumes(scan, maps, getattr(trainer.predict_dataloaders.dataset, "read_options", None))
-            stem = Path("scans") / str(row[SCANS.scan])
+            stem = Path("scans") / safe_name(row[SCANS.scan])  # the manifest's patient_id / scan, made a name
             paths = {name: f"{stem}_{name}.nii.gz" for name in (SCANS.ct, SCANS.rollout)}
-            save_nifti(ct, scan.affine, self.output_dir / paths[SCANS.ct])
-            save_nifti(rollout, scan.affine, self.output_dir / paths[SCANS.rollout])
+            save_nifti(ct, scan.affine, inside(self.output_dir, paths[SCANS.ct]))
+            save_nifti(rollout, scan.affine, inside(self.output_dir, paths[SCANS.rollout]))
             scans.loc[i, [SCANS.ct, SCANS.rollout]] = paths[SCANS.ct], paths[SCANS.rollout]
             if self.views:
                 path = f"{stem}_{SCANS.views}.png"
-                render_orthogonal_views(ct, rollout, scan.affine, self.output_dir / path, title=str(row[SCANS.scan]))
+                render_orthogonal_views(
+                    ct, rollout, scan.affine, inside(self.output_dir, path), title=str(row[SCANS.scan])
+                )
                 scans.loc[i, SCANS.views] = path
             scans.loc[i, [SCANS.series_uid, SCANS.notes]] = scan.series_uid, "; ".join(scan.notes)
         with atomic_write(self.output_dir / SCANS.file) as tmp:

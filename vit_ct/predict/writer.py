@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import secrets
 import shutil
 from collections.abc import Iterable
@@ -22,19 +21,29 @@ from vit_ct.data.manifests.manifest import manifest_frame
 from vit_ct.data.transforms.grid import to_source_grid
 from vit_ct.data.transforms.windows import DISPLAY_WINDOW
 from vit_ct.explain.overlay import render_overlay, save_png
-from vit_ct.files import atomic_write, remove_leftovers
+from vit_ct.files import (
+    atomic_write,
+    check_replaceable,
+    record_output,
+    remove_leftovers,
+    replace_folder,
+    safe_name,
+    staging_folder,
+)
 from vit_ct.metrics.lesion_probability import scan_column
 from vit_ct.metrics.schema import PREDICTIONS, RUN_JSON, RunRecord
 from vit_ct.metrics.temperature import read_temperature, scale
 from vit_ct.model.inference import Inference
-from vit_ct.run.interrupts import deferred_interrupts
+
+PREDICT = "predict"  # the command whose outputs this writer writes, as its output record names it
 
 
 def _slug(text: str) -> str:
+    """A readable file stem from a slice's path (the row index before it keeps the stems unique)."""
     name = Path(str(text)).name
     for suffix in (".gz", ".nii", ".dcm", ".npy"):
         name = name.removesuffix(suffix)
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", name)[:80] or "slice"
+    return safe_name(name, unique=False, fallback="slice")[:80]
 
 
 def save_npy(array: np.ndarray, path: Path) -> None:
@@ -62,8 +71,9 @@ def run_record(trainer, pl_module, calibration: dict | None = None) -> RunRecord
 
 def check_output_dir(output_dir: Path, *, overwrite: bool, inputs: Iterable[str | Path] = ()) -> None:
     """Refuse an ``OUT`` that is a file, lies under a file or in a folder this process cannot write to (its outputs
-    are staged beside it), or is a folder that is not empty unless ``overwrite``; with ``overwrite``, refuse an
-    ``OUT`` holding the working directory or one of the run's ``inputs`` (replacing it would delete them)."""
+    are staged beside it), or is not empty unless it holds an earlier predict output and ``overwrite``
+    (:func:`vit_ct.files.check_replaceable`): never one holding a file predict did not write, the working directory
+    or one of the run's ``inputs``."""
     if output_dir.exists() and not output_dir.is_dir():
         raise ValueError(f"--output_dir {output_dir} is a file; expected a folder (absent or empty)")
     parent = next(p for p in output_dir.parents if p.exists())  # the nearest folder that exists
@@ -72,21 +82,7 @@ def check_output_dir(output_dir: Path, *, overwrite: bool, inputs: Iterable[str 
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ValueError(f"--output_dir {output_dir}: cannot write in {parent} (permission denied); choose a folder"
                          " you can write to")  # fmt: skip
-    entries = sorted(p.name for p in output_dir.iterdir()) if output_dir.is_dir() else []
-    if not entries:
-        return
-    if not overwrite:
-        shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
-        raise ValueError(
-            f"--output_dir {output_dir} is not empty ({len(entries)} entries: {shown}); vit-ct predict never mixes its"
-            " outputs with other files. Choose a new folder, or pass --overwrite true to replace this one (none of its"
-            " files are kept)"
-        )
-    for path in (Path.cwd(), *map(Path, inputs)):
-        if path.resolve().is_relative_to(output_dir.resolve()):
-            raise ValueError(
-                f"--overwrite would delete {path}, which lies in --output_dir {output_dir}; choose another --output_dir"
-            )
+    check_replaceable(output_dir, PREDICT, overwrite=overwrite, inputs=(Path.cwd(), *inputs), how="--overwrite true")
 
 
 def unmeasured_distances(table: pd.DataFrame) -> list[str]:
@@ -135,7 +131,8 @@ class PredictionWriter(BasePredictionWriter):
 
     Args:
         output_dir: Folder of the outputs: absent or empty, unless ``overwrite``.
-        overwrite: Replace a non-empty ``OUT`` (an earlier run's outputs): none of its files survive.
+        overwrite: Replace an ``OUT`` holding an earlier predict output: none of its files survive. A folder holding
+            any file predict did not write is refused all the same.
         inputs: Files the run reads (checkpoint, manifest); ``overwrite`` refuses an ``OUT`` that holds one.
         window: (centre, width) HU of the overlay's grey image.
         calibration: A ``calibration.json`` of ``vit-ct report``: ``prob_calibrated`` beside ``prob`` (binary runs).
@@ -172,7 +169,7 @@ class PredictionWriter(BasePredictionWriter):
         check_output_dir(self.destination, overwrite=self.overwrite, inputs=self.inputs)  # again: OUT may have changed
         # rank 0's pid and token on every rank: one partial folder per run, which no other run's files can be in
         token = trainer.strategy.broadcast(f"{os.getpid()}-{secrets.token_hex(4)}")
-        self.output_dir = self.destination.parent / f".{self.destination.name}.{token}.partial"
+        self.output_dir = staging_folder(self.destination, token)
         for sub in ("maps", "overlays"):
             (self.output_dir / sub).mkdir(parents=True, exist_ok=True)
         self.rows = []
@@ -230,6 +227,7 @@ class PredictionWriter(BasePredictionWriter):
 
     def on_predict_end(self, trainer, pl_module) -> None:
         if trainer.is_global_zero:
+            record_output(self.output_dir, PREDICT)  # what a later --overwrite may replace: these files, no other
             replace_folder(self.output_dir, self.destination)
         trainer.strategy.barrier()
         self.output_dir = self.destination
@@ -237,17 +235,3 @@ class PredictionWriter(BasePredictionWriter):
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         if trainer.is_global_zero and self.output_dir != self.destination:
             shutil.rmtree(self.output_dir, ignore_errors=True)  # OUT itself was never touched
-
-
-def replace_folder(source: Path, destination: Path) -> None:
-    """Move ``source`` to ``destination``, replacing what is there. An empty or absent ``destination`` is replaced in
-    one atomic rename; a non-empty one is first renamed aside and then deleted, so ``destination`` never holds a mix
-    of both (for a moment it does not exist)."""
-    if destination.is_dir() and any(destination.iterdir()):
-        old = source.with_name(source.name.removesuffix(".partial") + ".old")
-        with deferred_interrupts():  # a SIGTERM between the renames would leave no OUT at all
-            os.replace(destination, old)
-            os.replace(source, destination)
-        shutil.rmtree(old)
-    else:
-        os.replace(source, destination)  # rename(2) replaces an empty folder

@@ -28,8 +28,8 @@ def report_parser() -> argparse.ArgumentParser:
     parser.add_argument("predictions", metavar="OUT", help="the folder `vit-ct predict --output_dir` wrote")
     parser.add_argument("--manifest", required=True, help="the manifest CSV with labels (and masks, patient_id, split,"
                         " subgroup columns) the predicted slices are listed in")  # fmt: skip
-    parser.add_argument("--output_dir", help="the report's folder (default OUT/report); an earlier report there is"
-                        " replaced")  # fmt: skip
+    parser.add_argument("--output_dir", help="the report's folder (default OUT/report): new or empty, or an earlier"
+                        " report to replace with --overwrite")  # fmt: skip
     parser.add_argument("--compare", action="append", default=[], metavar="NAME=PATH", help="another model's"
                         " predictions beside vit-ct's: a predict output folder, or a CSV with columns image and prob"
                         " (P(lesion)), optionally slice, overlay and map score columns; repeat for more")  # fmt: skip
@@ -39,7 +39,8 @@ def report_parser() -> argparse.ArgumentParser:
     parser.add_argument("--bootstrap", type=int, default=RESAMPLES, metavar="N", help="bootstrap replicates over"
                         f" patients (default {RESAMPLES})")  # fmt: skip
     parser.add_argument("--seed", type=int, default=SEED, help=f"the bootstrap's seed (default {SEED})")
-    parser.add_argument("--overwrite", action="store_true", help="replace an --output_dir that holds other files")
+    parser.add_argument("--overwrite", action="store_true", help="replace an earlier report in --output_dir, once the"
+                        " new one is complete (a folder holding any other file is never replaced)")  # fmt: skip
     parser.add_argument("--wandb", metavar="RUN", help="also log the figures, the figures table and the headline values"
                         " into the W&B run of the `vit-ct fit` run folder RUN (e.g. runs/latest), resumed by its id;"
                         " offline unless W&B is configured")  # fmt: skip

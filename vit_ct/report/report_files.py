@@ -10,7 +10,7 @@ import os
 import shutil
 from pathlib import Path
 
-from vit_ct.files import atomic_write
+from vit_ct.files import check_replaceable, record_output, remove_leftovers, replace_folder, staging_folder
 from vit_ct.model import ViTClassifier
 from vit_ct.report.bootstrap import RESAMPLES, SEED
 from vit_ct.report.evidence import ModelEvidence, model_evidence
@@ -31,13 +31,18 @@ SECTIONS = ("slice", "scan", "maps", "calibration", "subgroups", "worst_cases", 
 SANITY = "sanity"  # report.json's model-randomisation check (--ckpt_path); null without a checkpoint
 
 
-def check_report_dir(output_dir: Path, *, overwrite: bool) -> None:
-    """Refuse a file, or a folder holding anything but an earlier report (``report.json``) unless ``overwrite``."""
-    if output_dir.exists() and not output_dir.is_dir():
-        raise ValueError(f"--output_dir {output_dir} is a file; expected a folder (absent, empty or an earlier report)")
-    if output_dir.is_dir() and any(output_dir.iterdir()) and not (output_dir / REPORT_JSON).is_file() and not overwrite:
-        raise ValueError(f"--output_dir {output_dir} holds files that are not a report; choose another folder, or pass"
-                         " --overwrite to replace them")  # fmt: skip
+REPORT = "report"  # the command, as the report folder's output record names it
+
+
+def check_report_dir(output_dir: Path, *, overwrite: bool, inputs: list[str | os.PathLike]) -> None:
+    """Refuse a file, a folder holding a file that is not part of an earlier report (a predict output, the folder
+    above one), or an earlier report unless ``overwrite`` (:func:`vit_ct.files.check_replaceable`); and an
+    ``output_dir`` that is one of the report's ``inputs`` or holds one."""
+    for path in map(Path, inputs):
+        if path.resolve() == output_dir.resolve() or path.resolve().is_relative_to(output_dir.resolve()):
+            raise ValueError(f"--output_dir {output_dir} holds {path}, which the report reads; choose another"
+                             " --output_dir (the default is OUT/report)")  # fmt: skip
+    check_replaceable(output_dir, REPORT, overwrite=overwrite)
 
 
 def _plain(value):
@@ -84,14 +89,15 @@ def write_report(
     Args:
         predictions: The predict output (``predictions.csv``, ``run.json``, ``maps/``, ``overlays/``).
         manifest: The manifest with labels (masks, patient ids, splits, subgroup columns) the slices are listed in.
-        output_dir: The report's folder: absent, empty or an earlier report (replaced), else ``overwrite``.
+        output_dir: The report's folder: absent, empty, or an earlier report replaced with ``overwrite``; a folder
+            holding any other file is refused, as is one holding an input of the report.
         compare: Other models' predictions, by the name the report gives them.
         name: The name of the first model.
         split: The split reported (``test``, ``val``, ``train``, ``all``); None: the test split where the manifest
             marks one among the predictions, else every labelled slice.
         resamples: Bootstrap replicates.
         seed: The bootstrap's seed.
-        overwrite: Replace an ``output_dir`` holding other files.
+        overwrite: Replace an earlier report in ``output_dir`` (once the new one is complete).
         ckpt_path: The checkpoint ``predictions`` were made with: adds the maps' model-randomisation check
             (:mod:`vit_ct.report.map_sanity`) and gives the floors' pointing tolerance; None: neither (the
             tolerance is ViTClassifier's default).
@@ -101,12 +107,13 @@ def write_report(
         ``report.html``'s path.
     """
     output_dir = Path(output_dir)
-    check_report_dir(output_dir, overwrite=overwrite)
+    sources = {name: predictions, **(compare or {})}
+    inputs = [*sources.values(), manifest, *([ckpt_path] if ckpt_path is not None else [])]
+    check_report_dir(output_dir, overwrite=overwrite, inputs=inputs)
     if resamples < 1:
         raise ValueError(f"--bootstrap {resamples}: expected a number of replicates >= 1 (1,000 is the default)")
     if sanity_slices < 2:
         raise ValueError(f"--sanity_slices {sanity_slices}: expected at least 2 (a rank correlation per slice)")
-    sources = {name: predictions, **(compare or {})}
     read = {n: read_predictions(path, n) for n, path in sources.items()}
     labels = read_labels(manifest, read[name].info)
     model, checkpoint = load_checkpoint(ckpt_path) if ckpt_path is not None else (None, None)  # before the long part
@@ -126,21 +133,26 @@ def write_report(
                 "manifest": str(Path(manifest).resolve()), "predictions": {n: str(Path(p).resolve()) for n, p in
                                                                           sources.items()},
                 "floor_tolerance_mm": tolerance}  # fmt: skip
-    if output_dir.exists():
-        shutil.rmtree(output_dir)
-    (output_dir / FIGURES).mkdir(parents=True)
-    for file, png in figures.items():
-        (output_dir / FIGURES / file).write_bytes(png)
-    with atomic_write(output_dir / REPORT_JSON) as tmp:
-        tmp.write_text(json.dumps(report_json(models, settings, sanity), indent=1) + "\n")
-    temperature = models[0].sections["calibration"].get("temperature")
-    if temperature:
-        with atomic_write(output_dir / CALIBRATION_JSON) as tmp:
-            tmp.write_text(json.dumps({"temperature": temperature}) + "\n")
     title = "vit-ct report: " + " beside ".join(m.name for m in models)
     described = (f"{resamples} bootstrap replicates over patients, seed {seed}; manifest {Path(manifest).name};"
                  f" predictions {', '.join(f'{n}: {p}' for n, p in sources.items())}")  # fmt: skip
-    with atomic_write(output_dir / REPORT_HTML) as tmp:
-        tmp.write_text(report_page(models, figures, title=title, settings=described, sanity=sanity),
-                       encoding="utf-8")  # fmt: skip
+    page = report_page(models, figures, title=title, settings=described, sanity=sanity)
+    # written beside the folder and swapped in whole: an earlier report stays as it was until the new one is complete
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    remove_leftovers(output_dir.parent)
+    staged = staging_folder(output_dir)
+    try:
+        (staged / FIGURES).mkdir(parents=True)
+        for file, png in figures.items():
+            (staged / FIGURES / file).write_bytes(png)
+        (staged / REPORT_JSON).write_text(json.dumps(report_json(models, settings, sanity), indent=1) + "\n")
+        temperature = models[0].sections["calibration"].get("temperature")
+        if temperature:
+            (staged / CALIBRATION_JSON).write_text(json.dumps({"temperature": temperature}) + "\n")
+        (staged / REPORT_HTML).write_text(page, encoding="utf-8")
+        record_output(staged, REPORT)
+        check_report_dir(output_dir, overwrite=overwrite, inputs=inputs)  # again: it may have changed meanwhile
+        replace_folder(staged, output_dir)
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
     return output_dir / REPORT_HTML

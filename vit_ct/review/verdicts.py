@@ -6,9 +6,7 @@ summarised (agreement, reviewer-judged pointing, the cases in dispute) and compa
 
 from __future__ import annotations
 
-import hashlib
 import os
-import re
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
@@ -16,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 from filelock import FileLock, Timeout
 
-from vit_ct.files import atomic_write
+from vit_ct.files import atomic_write, safe_name
 
 MAP_VERDICTS = ("on the lesion", "near it", "elsewhere", "no lesion visible")
 LABEL_VERDICTS = ("agree", "disagree")
@@ -26,7 +24,6 @@ _EXPECTED = (
     f"expected a CSV in UTF-8 with a header row {', '.join(COLUMNS)} and a row per case, "
     "a field holding a comma or a quote in double quotes"
 )
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")  # what a file name may not hold on any system, or may hide a folder
 
 
 def verdicts_path(folder: str | os.PathLike, reviewer: str) -> Path:
@@ -39,10 +36,7 @@ def verdicts_path(folder: str | os.PathLike, reviewer: str) -> Path:
         ValueError: ``reviewer`` is empty or blank.
     """
     name = _checked_reviewer(reviewer)
-    slug = _UNSAFE.sub("_", name)[:64]  # bounded: a file name may have 255 bytes
-    if slug != name:
-        slug = f"{slug}-{hashlib.sha256(name.encode('utf-8')).hexdigest()[:8]}"
-    return Path(folder) / f"verdicts-{slug}.csv"
+    return Path(folder) / f"verdicts-{safe_name(name, length=64)}.csv"
 
 
 class Verdicts:

@@ -18,7 +18,6 @@ import select
 import signal
 import threading
 import time
-from collections.abc import Iterator
 
 EXIT_STATUS = {signal.SIGTERM: 128 + signal.SIGTERM, signal.SIGINT: 128 + signal.SIGINT}  # the shell's convention
 LEADER_PID = "VIT_CT_LEADER_PID"  # environment: the pid of the vit-ct command that started this process
@@ -33,7 +32,7 @@ class Interrupted(KeyboardInterrupt):
     down as for Ctrl-C."""
 
 
-_state = {"main_pid": None, "leader": None, "received": None, "at": 0.0, "deferred": 0, "pending": False}
+_state = {"main_pid": None, "leader": None, "received": None, "at": 0.0}
 
 
 def _on_signal(signum: int, frame) -> None:
@@ -47,9 +46,6 @@ def _on_signal(signum: int, frame) -> None:
     if _state["received"] is not None and now - _state["at"] < REPEAT_WINDOW_S:
         return  # the shutdown the first one started is running: let it finish
     _state["received"], _state["at"] = signal.Signals(signum), now
-    if _state["deferred"]:
-        _state["pending"] = True  # raised when the protected block ends
-        return
     raise Interrupted(f"received {signal.Signals(signum).name}")
 
 
@@ -102,17 +98,3 @@ def stop_on_signals() -> None:
 def received_signal() -> signal.Signals | None:
     """The signal that interrupted this process (SIGTERM or SIGINT), if one did."""
     return _state["received"]
-
-
-@contextlib.contextmanager
-def deferred_interrupts() -> Iterator[None]:
-    """A block that a SIGTERM or Ctrl-C must not cut in two (e.g. swapping an output folder in with two renames): the
-    signal takes effect when the block ends."""
-    _state["deferred"] += 1
-    try:
-        yield
-    finally:
-        _state["deferred"] -= 1
-        if not _state["deferred"] and _state["pending"]:
-            _state["pending"] = False
-            raise Interrupted(f"received {_state['received'].name}")

@@ -42,8 +42,8 @@ from vit_ct.data.datasets.volumes import (
     check_choice,
     labelled_rows,
     pair_volumes,
-    safe_id,
 )
+from vit_ct.files import safe_name
 from vit_ct.progress import track
 
 LAYOUT = "images/ and 'ground truths/' (label_192.zip), or imagesTr/, labelsTr/, imagesTs/, labelsTs/"
@@ -89,7 +89,7 @@ def convert(
     tables = []
     for pair, split in track(jobs, "BHSD volumes", disable=not progress):
         match = RSNA_NAME.match(pair.stem)
-        scan_id = safe_id(pair.stem)
+        scan_id = safe_name(pair.stem)
         volume = labelled_rows(
             pair, out, scan_id=scan_id, patient_id=match[1] if match else scan_id, classes=CLASSES, what="BHSD"
         )

@@ -38,8 +38,8 @@ from vit_ct.data.datasets.volumes import (
     dataset_folder,
     labelled_rows,
     pair_volumes,
-    safe_id,
 )
+from vit_ct.files import safe_name
 from vit_ct.progress import track
 
 LAYOUT = "data/NNN.nii.gz and label/NNN.nii.gz"
@@ -63,7 +63,7 @@ def convert(
     pairs = pair_volumes(root / "data", root / "label", on_missing=on_missing, what="INSTANCE 2022", notes=notes)
     tables, rewritten = [], []
     for pair in track(pairs, "INSTANCE volumes", disable=not progress):
-        scan_id = safe_id(f"INSTANCE-{pair.stem}")
+        scan_id = safe_name(f"INSTANCE-{pair.stem}")
         volume = labelled_rows(pair, out, scan_id=scan_id, patient_id=scan_id, classes=None, what="INSTANCE 2022")
         if volume.mask.rewritten:
             rewritten.append(f"{pair.labels.name} ({volume.mask.rewritten})")

@@ -9,7 +9,6 @@ so that `load_mask` turns it to the screen exactly as `load_ct_slice` turns the 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -69,11 +68,6 @@ def nifti_stem(path: Path) -> str | None:
 def nifti_files(folder: Path) -> dict[str, Path]:
     """The NIfTI files of a folder by stem."""
     return {stem: p for p in sorted(folder.iterdir()) if p.is_file() and (stem := nifti_stem(p)) is not None}
-
-
-def safe_id(text: str) -> str:
-    """A scan id usable as a file name."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", text)
 
 
 def load_volume(path: Path, what: str) -> nib.Nifti1Image:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +24,7 @@ from pydicom.dataset import Dataset
 from vit_ct.data.io.archive_files import archive_files
 from vit_ct.data.io.dicom import pixel_spacing
 from vit_ct.data.io.reader import display_shape
-from vit_ct.files import atomic_write
+from vit_ct.files import atomic_write, safe_name
 
 LPS_TO_RAS = np.diag([-1.0, -1.0, 1.0, 1.0])  # DICOM's patient axes (L, P, S) to NIfTI's (R, A, S)
 NIFTI_SUFFIXES = (".nii", ".nii.gz")
@@ -178,7 +177,7 @@ def _scan_id(patient: str | None, series_number, series_uid: str) -> str:
     """Readable and unique: patient, series number and a short hash of the SeriesInstanceUID."""
     digest = hashlib.sha1(series_uid.encode()).hexdigest()[:8]
     parts = [p for p in (patient, f"s{series_number}" if series_number not in (None, "") else None) if p]
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", "_".join([*parts, digest]))
+    return safe_name("_".join([*parts, digest]), unique=False)  # the digest keeps it unique
 
 
 def _series_scan(series_uid: str, slices: list[_Slice]) -> tuple[Scan | None, list[Skipped]]:
@@ -246,7 +245,7 @@ def nifti_scan(path: str | os.PathLike) -> Scan:
     positions = [float((affine @ [0, 0, k, 1])[:3] @ normal) for k in range(shape[2])]
     name = path.name.removesuffix(".gz").removesuffix(".nii")
     return Scan(
-        scan_id=re.sub(r"[^A-Za-z0-9._-]+", "_", name),
+        scan_id=safe_name(name),
         kind="nifti",
         source=str(path),
         images=[str(path)] * shape[2],
