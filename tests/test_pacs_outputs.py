@@ -103,3 +103,12 @@ def test_ctrl_c_while_storing_reports_every_file(tmp_path):
     assert all("not sent: interrupted" in f.reason for f in later)
     record = report.write(tmp_path / "stored.json", interrupted=True)
     assert record.is_file()
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "soon"])
+def test_a_timeout_of_zero_or_less_is_refused_when_the_options_are_read(value, tmp_path, capsys):
+    with pytest.raises(SystemExit) as refused:
+        main(["pacs", "http://127.0.0.1:9/dicom-web", "--study", "1.2.3", "--output_dir", str(tmp_path / "o"),
+              "--timeout", value])  # fmt: skip
+    assert refused.value.code == 2 and "expected a number of seconds above 0" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
