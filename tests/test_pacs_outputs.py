@@ -112,3 +112,42 @@ def test_a_timeout_of_zero_or_less_is_refused_when_the_options_are_read(value, t
               "--timeout", value])  # fmt: skip
     assert refused.value.code == 2 and "expected a number of seconds above 0" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.slow
+@needs_orthanc
+@pytest.mark.parametrize(("group", "signum"), [(True, signal.SIGINT), (False, signal.SIGTERM)],
+                         ids=["Ctrl-C (SIGINT to the process group)", "kill PID"])  # fmt: skip
+def test_a_signal_during_predict_ends_pacs_in_one_line_with_nothing_stored(orthanc, tmp_path, group, signum):  # noqa: F811
+    """``vit-ct pacs`` interrupted while its predict runs: predict's own line, then one of pacs', no traceback, the exit
+    status of the signal, and nothing stored at the server."""
+    import torch
+    from conftest import DEMO_LEVERS, quiet_trainer
+    from test_interrupts import PAUSE, _run, _terminate_when_ready
+
+    from vit_ct import ViTClassifier
+
+    files = write_study(tmp_path / "study", f"pacs-00{20 + int(group)}", n_slices=3)
+    study = pydicom.dcmread(files[0]).StudyInstanceUID
+    server = Server(orthanc)
+    assert len(store_files(server, files).stored) == 3
+    torch.manual_seed(0)
+    trainer = quiet_trainer()
+    trainer.strategy.connect(ViTClassifier(**DEMO_LEVERS, embed_dim=32, depth=2, num_heads=2, img_size=32, in_chans=1))
+    trainer.save_checkpoint(tmp_path / "tiny.ckpt")
+    root = Path(__file__).resolve().parents[1]
+    out, ready = tmp_path / "out", tmp_path / "ready"
+    args = ["pacs", orthanc, "--study", study, "--ckpt_path", str(tmp_path / "tiny.ckpt"), "--config",
+            str(root / "configs" / "demo.yaml"), "--config", str(root / "configs" / "manifest.yaml"), "--output_dir",
+            str(out), "--model.embed_dim", "32", "--model.depth", "2", "--model.num_heads", "2",
+            "--data.init_args.img_size", "32", "--data.init_args.windows", "[brain]", "--data.init_args.num_workers",
+            "0", "--data.init_args.batch_size", "1", "--trainer.logger", "false", *PAUSE]  # fmt: skip
+    status, output = _terminate_when_ready(_run(args, tmp_path, ready=ready), ready, group=group, signum=signum)
+    assert status == 128 + signum, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    name = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
+    assert f"vit-ct: interrupted ({name})" in output  # predict's own line
+    assert output.rstrip().splitlines()[-1].startswith("vit-ct pacs: interrupted; nothing was stored")
+    assert not (out / "stored.json").exists()
+    series = find_ct_series(server, study)
+    assert [s.instances for s in series] == [3]  # no object of this run reached the study

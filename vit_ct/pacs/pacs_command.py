@@ -144,14 +144,14 @@ def run(args: argparse.Namespace, extra: list[str], out: Path) -> tuple[str, int
         return str(err), 1, False
 
     start = time.perf_counter()
-    result = subprocess.run(predict_command(args, source, predicted, extra))
+    returncode = run_predict(predict_command(args, source, predicted, extra))
     seconds["predict"] = time.perf_counter() - start
-    if result.returncode in (130, 143):  # predict was interrupted (and said so): this run stops as it would have
-        raise KeyboardInterrupt("SIGTERM" if result.returncode == 143 else "SIGINT")
-    if result.returncode != 0:
+    if returncode in (130, 143):  # predict was interrupted (and said so): this run stops as it would have
+        raise KeyboardInterrupt("SIGTERM" if returncode == 143 else "SIGINT")
+    if returncode != 0:
         return (
-            f"vit-ct predict failed (exit {result.returncode}, its message above); nothing was stored at {server.url}",
-            result.returncode,
+            f"vit-ct predict failed (exit {returncode}, its message above); nothing was stored at {server.url}",
+            returncode,
             False,
         )
 
@@ -177,6 +177,19 @@ def run(args: argparse.Namespace, extra: list[str], out: Path) -> tuple[str, int
             bool(report.stored),
         )
     return "", 0, True
+
+
+def run_predict(command: list[str]) -> int:
+    """Run ``vit-ct predict`` and return its exit status. Interrupted meanwhile, it is given the signal too (Ctrl-C in a
+    terminal reaches it already; a repeat within its shutdown is ignored) and waited for, so that its own shutdown and
+    its one line end before this command's."""
+    process = subprocess.Popen(command)
+    try:
+        status = process.wait()
+    except KeyboardInterrupt as interrupt:
+        process.send_signal(signal.SIGTERM if "SIGTERM" in str(interrupt) else signal.SIGINT)
+        status = process.wait()
+    return 128 - status if status < 0 else status  # ended by signal N (its repeat, after its line): as a shell says it
 
 
 def interrupted(interrupt: KeyboardInterrupt, args: argparse.Namespace, out: Path) -> tuple[str, int, bool]:
