@@ -23,9 +23,9 @@ from vit_ct.explain.segmentation import half_max_region
 
 
 def _predict(folders, checkpoint, out, cwd):
-    _vit_ct("predict", "--config", DEMO, "--config", MANIFEST, *TINY_MODEL_ARGS, "--data.init_args.img_size", "32",
-            "--data.init_args.scans", f"[{','.join(map(str, folders))}]", "--ckpt_path", str(checkpoint),
-            "--output_dir", str(out), "--dicom_out", "true", cwd=cwd)  # fmt: skip
+    return _vit_ct("predict", "--config", DEMO, "--config", MANIFEST, *TINY_MODEL_ARGS, "--data.init_args.img_size",
+                   "32", "--data.init_args.scans", f"[{','.join(map(str, folders))}]", "--ckpt_path", str(checkpoint),
+                   "--output_dir", str(out), "--dicom_out", "true", cwd=cwd)  # fmt: skip
 
 
 @pytest.mark.slow
@@ -110,3 +110,35 @@ def test_a_manifest_of_dicom_slices_gets_the_objects_of_each_scan(synthetic_set,
         for kind in ("pm", "seg"):
             errors, _ = dciodvfy_findings(out / listed.loc[kind, "file"])
             assert errors == [], f"{scan_id} {kind}: {errors}"
+
+
+@pytest.mark.slow
+def test_a_scan_without_frame_of_reference_keeps_no_other_object_from_being_written(
+    synthetic_set,
+    tiny_checkpoint,  # noqa: F811
+    tmp_path,
+):
+    """pydicom-data's CQ500 slice has no FrameOfReferenceUID, which a Parametric Map and a SEG need: that scan's
+    objects that can be made (the Secondary Captures) are, the others are listed with highdicom's reason, and every
+    other scan gets all of its objects; predict's own outputs are all written."""
+    good, source = sorted((synthetic_set.parent / "images").iterdir())[:2]
+    bad = tmp_path / "no_frame_of_reference"
+    bad.mkdir()
+    for path in sorted(source.iterdir()):
+        dataset = pydicom.dcmread(path)
+        del dataset.FrameOfReferenceUID
+        dataset.save_as(bad / path.name)
+    out = tmp_path / "out"
+    run = _predict([good, bad], tiny_checkpoint, out, tmp_path)
+    predictions = pd.read_csv(out / "predictions.csv", dtype={"scan": str})
+    assert len(predictions) == len(list(good.iterdir())) + len(list(bad.iterdir()))
+    objects = pd.read_csv(out / "dicom" / "objects.csv", dtype={"scan": str})
+    bad_scan = predictions.loc[predictions["image"].str.contains("no_frame_of_reference"), "scan"].iloc[0]
+    written = objects.dropna(subset=["file"])
+    assert set(written.loc[written["scan"] != bad_scan, "kind"]) == {"pm", "seg", "sc"}
+    assert set(written.loc[written["scan"] == bad_scan, "kind"]) == {"sc"}
+    refused = objects[objects["file"].isna()].set_index("kind")
+    assert set(refused.index) == {"pm", "seg"} and set(refused["scan"]) == {bad_scan}
+    assert refused["reason"].str.contains("Frame Of Reference").all()
+    assert "could not be written, each listed with its reason in" in run.stdout + run.stderr
+    assert str(out / "dicom" / "objects.csv") in run.stdout + run.stderr  # OUT as the user named it

@@ -34,7 +34,8 @@ from vit_ct.predict.dicom_objects import (
 from vit_ct.predict.scan_writer import group_scan
 
 DICOM_FOLDER = "dicom"
-OBJECTS_CSV = "objects.csv"  # in OUT/dicom/: scan, kind (pm, seg, sc), file, series and SOP instance UIDs
+OBJECTS_CSV = "objects.csv"  # in OUT/dicom/: scan, kind, file, series and SOP instance UIDs; reason where not written
+KINDS = ("pm", "seg", "sc")  # Parametric Map, SEG, Secondary Captures
 
 
 def model_provenance(pl_module) -> Provenance:
@@ -58,7 +59,9 @@ def _save(dataset, path: Path) -> Path:
     return path
 
 
-def write_dicom_objects(output_dir: str | Path, provenance: Provenance, *, window=DISPLAY_WINDOW) -> list[Path]:
+def write_dicom_objects(
+    output_dir: str | Path, provenance: Provenance, *, window=DISPLAY_WINDOW, shown_as: str | Path | None = None
+) -> list[Path]:
     """Write the DICOM objects of every scan of a predict output ``OUT`` that is one DICOM series of single-frame
     slices; other scans (NIfTI, ``.npy``, mixed series, enhanced multi-frame files) are listed as skipped.
 
@@ -72,11 +75,17 @@ def write_dicom_objects(output_dir: str | Path, provenance: Provenance, *, windo
         output_dir: ``OUT`` of ``vit-ct predict`` (``predictions.csv``, ``scans.csv``, ``run.json``, ``maps/``).
         provenance: The model and map method (:func:`model_provenance`).
         window: (centre, width) HU of the Secondary Captures' grey image.
+        shown_as: ``OUT`` as messages name it (predict writes into a staging folder that becomes ``OUT``).
+
+    A kind of object that cannot be made for a scan (highdicom refuses a Parametric Map and a SEG of sources without
+    a FrameOfReferenceUID) is listed in ``objects.csv`` with its reason and said in one line; the scan's other
+    objects, and every other scan's, are written all the same.
 
     Returns:
         The files written, also listed in ``OUT/dicom/objects.csv``.
     """
     out = Path(output_dir)
+    shown = Path(shown_as) if shown_as is not None else out
     if not (out / SCANS.file).is_file():
         print(f"--dicom_out: {out} has no {SCANS.file} (its slices belong to no scan): no DICOM objects written")
         return []
@@ -88,44 +97,24 @@ def write_dicom_objects(output_dir: str | Path, provenance: Provenance, *, windo
     # resolved, as the scan lists them: an absolute path stays itself
     predictions["path"] = [str((base / p).resolve()) for p in predictions[PREDICTIONS.image]]
     scans = pd.read_csv(out / SCANS.file, dtype={SCANS.scan: str}).set_index(SCANS.scan)
-    written, listed, skipped = [], [], []
+    written, listed, skipped, failed = [], [], [], []
     for scan_id, rows in predictions.groupby(PREDICTIONS.scan, sort=False):
         frames = rows[PREDICTIONS.slice] if PREDICTIONS.slice in rows else pd.Series([None])
         scan = group_scan(list(rows["path"])) if frames.isna().all() else None
         if scan is None or scan.kind != "dicom" or len(scan.images) != len(rows):
             skipped.append(scan_id)
+            failed.append({"scan": scan_id, "kind": "all", "reason": "not one DICOM series of single-frame slices"})
             continue
-        rows = rows.set_index("path").loc[[str(Path(p).resolve()) for p in scan.images]]  # scan order
-        sources = [pydicom.dcmread(p, stop_before_pixels=True) for p in scan.images]
-        maps = np.stack([np.load(out / r) for r in rows[PREDICTIONS.rollout]]).astype(np.float32)
-        hu = np.stack([load_ct_slice(p, **read_options) for p in scan.images])
-        region = half_max_region(torch.from_numpy(maps), torch.from_numpy(hu > HEAD_HU)).numpy()
-        prob, peak = float(scans.loc[scan_id, SCANS.prob]), int(scans.loc[scan_id, SCANS.peak_slice])
-        peak_image = sources[peak].get("InstanceNumber", peak + 1)
-        summary = f"P(lesion) {prob:.3f}, peak image {peak_image}"
-        folder = inside(out / DICOM_FOLDER, safe_name(scan_id))  # the scan id is the manifest's
-        objects = {
-            "pm": [parametric_map(sources, maps, provenance, description=f"vit-ct rollout; {summary}")],
-            "seg": [segmentation(sources, region, provenance, description=f"vit-ct half-max; {summary}")],
-            "sc": secondary_captures(
-                sources,
-                [
-                    add_caption(
-                        render_overlay(plane, heat, window=window),
-                        [
-                            f"vit-ct P(lesion): slice {p:.3f}, scan {prob:.3f}",
-                            f"scan peak: image {peak_image}",
-                            NOT_FOR_DIAGNOSIS,
-                        ],
-                    )
-                    for plane, heat, p in zip(hu, maps, rows["p_lesion"], strict=True)
-                ],  # fmt: skip
-                provenance,
-                description=f"vit-ct overlays; {summary}",
-            ),
-        }
-        for kind, datasets in objects.items():
-            for k, dataset in enumerate(datasets):
+        try:
+            objects = scan_objects(out, scan, rows, scans.loc[scan_id], provenance, window, read_options)
+        except Exception as err:  # a scan whose sources cannot be read as needed: the others are written all the same
+            objects = {kind: err for kind in KINDS}
+        for kind, made in objects.items():
+            if isinstance(made, Exception):
+                failed.append({"scan": scan_id, "kind": kind, "reason": f"{type(made).__name__}: {made}"})
+                continue
+            folder = inside(out / DICOM_FOLDER, safe_name(scan_id))  # the scan id is the manifest's
+            for k, dataset in enumerate(made):
                 path = folder / (f"{kind}.dcm" if kind != "sc" else f"sc/{k:03d}.dcm")
                 written.append(_save(dataset, path))
                 listed.append({"scan": scan_id, "kind": kind, "file": path.relative_to(out).as_posix(),
@@ -133,10 +122,56 @@ def write_dicom_objects(output_dir: str | Path, provenance: Provenance, *, windo
     if skipped:
         print(f"--dicom_out: {len(skipped)} scans are not one DICOM series of single-frame slices, no DICOM objects"
               f" for them: {', '.join(map(str, skipped[:5]))}{', ...' if len(skipped) > 5 else ''}")  # fmt: skip
-    if listed:
+    refused = [f for f in failed if f["kind"] != "all"]
+    if refused:
+        first = refused[0]
+        print(f"--dicom_out: {len(refused)} object(s) of {len({f['scan'] for f in refused})} scan(s) could not be"
+              f" written, each listed with its reason in {shown / DICOM_FOLDER / OBJECTS_CSV}; e.g. scan"
+              f" {first['scan']} {first['kind']}: {first['reason']}")  # fmt: skip
+    if listed or failed:
+        columns = ["scan", "kind", "file", "series_uid", "sop_uid", "reason"]
         with atomic_write(out / DICOM_FOLDER / OBJECTS_CSV) as tmp:
-            pd.DataFrame(listed).to_csv(tmp, index=False)
+            pd.DataFrame([*listed, *failed], columns=columns).to_csv(tmp, index=False)
     return written
+
+
+def scan_objects(out: Path, scan, rows: pd.DataFrame, summary: pd.Series, provenance: Provenance, window,
+                 read_options: dict) -> dict[str, list | Exception]:  # fmt: skip
+    """The objects of one scan by kind (``pm``, ``seg``, ``sc``): each kind's datasets, or the exception that kept
+    it from being made (highdicom refuses, say, a Parametric Map of sources without a FrameOfReferenceUID, which a
+    Secondary Capture does not need), so that one kind's failure keeps none of the others from being written."""
+    rows = rows.set_index("path").loc[[str(Path(p).resolve()) for p in scan.images]]  # scan order
+    sources = [pydicom.dcmread(p, stop_before_pixels=True) for p in scan.images]
+    maps = np.stack([np.load(out / r) for r in rows[PREDICTIONS.rollout]]).astype(np.float32)
+    hu = np.stack([load_ct_slice(p, **read_options) for p in scan.images])
+    region = half_max_region(torch.from_numpy(maps), torch.from_numpy(hu > HEAD_HU)).numpy()
+    prob, peak = float(summary[SCANS.prob]), int(summary[SCANS.peak_slice])
+    peak_image = sources[peak].get("InstanceNumber", peak + 1)
+    text = f"P(lesion) {prob:.3f}, peak image {peak_image}"
+    makers = {
+        "pm": lambda: [parametric_map(sources, maps, provenance, description=f"vit-ct rollout; {text}")],
+        "seg": lambda: [segmentation(sources, region, provenance, description=f"vit-ct half-max; {text}")],
+        "sc": lambda: secondary_captures(
+            sources,
+            [
+                add_caption(
+                    render_overlay(plane, heat, window=window),
+                    [f"vit-ct P(lesion): slice {p:.3f}, scan {prob:.3f}", f"scan peak: image {peak_image}",
+                     NOT_FOR_DIAGNOSIS],
+                )
+                for plane, heat, p in zip(hu, maps, rows["p_lesion"], strict=True)
+            ],
+            provenance,
+            description=f"vit-ct overlays; {text}",
+        ),
+    }  # fmt: skip
+    objects: dict[str, list | Exception] = {}
+    for kind, make in makers.items():
+        try:
+            objects[kind] = make()
+        except Exception as err:  # highdicom's refusal of these sources, as it said it
+            objects[kind] = err
+    return objects
 
 
 class DicomObjectsWriter(Callback):
@@ -152,4 +187,5 @@ class DicomObjectsWriter(Callback):
 
     def on_predict_epoch_end(self, trainer, pl_module) -> None:
         if trainer.is_global_zero:
-            write_dicom_objects(self.writer.output_dir, model_provenance(pl_module), window=self.writer.window)
+            write_dicom_objects(self.writer.output_dir, model_provenance(pl_module), window=self.writer.window,
+                                shown_as=self.writer.destination)  # fmt: skip
