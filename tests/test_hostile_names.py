@@ -30,6 +30,7 @@ from vit_ct.files import (
     safe_name,
     signals_held,
 )
+from vit_ct.predict.writer import summary_line
 
 HOSTILE = ["../../../X", "..", ".", "", "/etc/passwd", "a/b", "a\\b", "name with spaces", "slice\udcff", "é" * 300]
 
@@ -162,3 +163,17 @@ def test_report_never_deletes_the_predict_output_it_reads_nor_other_files(tmp_pa
     assert first["command"] == "report" and "report.json" in first["files"]
     _report(out, manifest, report, "--overwrite")  # its own earlier report: replaced whole
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".report.")]  # no staging folder left
+
+
+def test_predict_ends_with_a_line_saying_what_it_wrote(tmp_path):
+    out = tmp_path / "out"
+    (out / "maps").mkdir(parents=True)
+    pd.DataFrame({"image": ["a.dcm", "b.dcm"], "prob": [0.1, 0.9]}).to_csv(out / "predictions.csv", index=False)
+    pd.DataFrame({"scan": ["s1"], "prob": [0.9]}).to_csv(out / "scans.csv", index=False)
+    (out / "dicom" / "s1").mkdir(parents=True)
+    (out / "dicom" / "s1" / "pm.dcm").write_bytes(b"")
+    (out / "skipped.csv").write_text("path,reason\n")
+    assert summary_line(out) == (
+        f"vit-ct predict wrote {out}: 2 slices (predictions.csv, maps/, overlays/); 1 scan (scans.csv); 1 DICOM object"
+        " (dicom/); what was left out, with the reasons: skipped.csv"
+    )

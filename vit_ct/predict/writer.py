@@ -229,9 +229,27 @@ class PredictionWriter(BasePredictionWriter):
         if trainer.is_global_zero:
             record_output(self.output_dir, PREDICT)  # what a later --overwrite may replace: these files, no other
             replace_folder(self.output_dir, self.destination)
+            print(summary_line(self.destination))
         trainer.strategy.barrier()
         self.output_dir = self.destination
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         if trainer.is_global_zero and self.output_dir != self.destination:
             shutil.rmtree(self.output_dir, ignore_errors=True)  # OUT itself was never touched
+
+
+def summary_line(out: Path) -> str:
+    """What a predict run wrote, in one line: slices, scans, DICOM objects and the files listing what was left out."""
+    slices = len(pd.read_csv(out / PREDICTIONS.file, usecols=[PREDICTIONS.image]))
+    parts = [f"{slices} slice{'s' * (slices != 1)} ({PREDICTIONS.file}, maps/, overlays/)"]
+    if (out / "scans.csv").is_file():
+        scans = len(pd.read_csv(out / "scans.csv", usecols=[0]))
+        volumes = ", scans/" if (out / "scans").is_dir() else ""
+        parts.append(f"{scans} scan{'s' * (scans != 1)} (scans.csv{volumes})")
+    objects = sum(1 for _ in (out / "dicom").rglob("*.dcm")) if (out / "dicom").is_dir() else 0
+    if objects:
+        parts.append(f"{objects} DICOM object{'s' * (objects != 1)} (dicom/)")
+    left_out = [name for name in ("skipped.csv", "bad_files.csv") if (out / name).is_file()]
+    if left_out:
+        parts.append(f"what was left out, with the reasons: {', '.join(left_out)}")
+    return f"vit-ct predict wrote {out}: " + "; ".join(parts)
