@@ -115,3 +115,18 @@ def test_without_wandb_or_masks_nothing_happens(manifest):
     assert not localisation  # nothing to score a map against
     # the attention sink needs no mask: it is measured on every slice
     assert "val/rollout_air" in val and "test/cls_prefix_block0" in test
+
+
+def test_epoch_lines_show_validation_figures_only_on_the_epochs_that_measured_them(tmp_path, capsys):
+    from npy_manifest import manifest_args, write_npy_manifest
+
+    from vit_ct.cli import main
+
+    data = write_npy_manifest(tmp_path / "data", train=4, val=3)
+    main(["fit", *manifest_args(data), "--trainer.logger", "false", "--trainer.max_epochs", "3",
+          "--trainer.check_val_every_n_epoch", "2", "--trainer.default_root_dir", str(tmp_path / "run"),
+          "--trainer.enable_progress_bar", "false"])  # fmt: skip
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("epoch ")]
+    assert [line.split()[1] for line in lines] == ["1/3", "2/3", "3/3"]
+    assert ["val/auroc" in line for line in lines] == [False, True, False]
+    assert all("train/loss" in line for line in lines)

@@ -47,7 +47,8 @@ def progress_bar() -> RichProgressBar:
 
 class EpochLines(Callback):
     """After each training epoch (its validation included), when stdout is not a terminal: ``epoch 3/20
-    train/loss 0.512 val/loss 0.498 val/auroc 0.871 42.1 s``, flushed at once.
+    train/loss 0.512 val/loss 0.498 val/auroc 0.871 42.1 s``, flushed at once; the ``val/`` figures only on the epochs
+    that validated (with ``check_val_every_n_epoch`` > 1 the others would repeat the last ones as if measured).
 
     Args:
         always: Print also on a terminal (beside the progress bar).
@@ -56,12 +57,17 @@ class EpochLines(Callback):
     def __init__(self, *, always: bool = False) -> None:
         self.always = always
         self._start = time.monotonic()
+        self._validated = False  # whether this epoch measured val/ figures (check_val_every_n_epoch > 1 skips some)
 
     def _enabled(self) -> bool:
         return self.always or not sys.stdout.isatty()
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self._start = time.monotonic()
+        self._validated = False
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        self._validated = self._validated or not trainer.sanity_checking
 
     @rank_zero_only
     def on_train_epoch_end(self, trainer, pl_module) -> None:
@@ -70,6 +76,7 @@ class EpochLines(Callback):
         metrics = trainer.callback_metrics
         parts = [f"epoch {trainer.current_epoch + 1}/{trainer.max_epochs}"]
         shown = [k for k in KEYS if k in metrics and not (k == "train/loss" and "train/loss_epoch" in metrics)]
+        shown = [k for k in shown if self._validated or not k.startswith("val/")]  # an earlier epoch's, not this one's
         for key in shown:
             value = metrics[key]
             if torch.is_tensor(value) and value.numel() == 1:
