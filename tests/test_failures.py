@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -207,6 +208,36 @@ def test_one_class_validation_logs_nan_auroc_and_chooses_no_best_checkpoint(tmp_
     assert cli.trainer.checkpoint_callback.best_model_path == ""
     messages = [str(w.message) for w in recwarn if "AUROC is undefined" in str(w.message)]
     assert len(messages) == 1  # once, though computed at every validation
+
+
+def test_slice_figures_are_nan_where_the_scored_slices_do_not_define_them_and_sklearns_elsewhere():
+    """Scan labels label only the slices of scans without a lesion (-1 elsewhere): sensitivity and F1 are undefined
+    there (torchmetrics gave 0, printed as a measured 0), accuracy too where no slice is scored at all."""
+    from sklearn.metrics import accuracy_score, f1_score, recall_score
+
+    from vit_ct.run.summary import metric_lines
+
+    p = torch.tensor([0.9, 0.2, 0.7, 0.4, 0.6, 0.1])
+    negatives_only = torch.tensor([0, 0, -1, -1, 0, -1])  # a split labelled by scan: lesion scans' slices unknown
+    figures = metrics.classification_metrics("binary", 1, "test/")
+    values = {k: float(v) for k, v in figures(p, negatives_only).items()}
+    assert math.isnan(values["test/sensitivity"]) and math.isnan(values["test/auroc"])
+    assert values["test/specificity"] == pytest.approx(1 / 3) and values["test/accuracy"] == pytest.approx(1 / 3)
+    assert values["test/f1"] == 0.0  # two slices called a lesion, none there: F1 is 0, defined
+    nothing = metrics.classification_metrics("binary", 1, "test/")
+    assert all(math.isnan(float(v)) for v in nothing(p, torch.full((6,), -1)).values())
+    target = torch.tensor([0, 1, 1, 0, 1, 0])
+    both = {k: float(v) for k, v in metrics.classification_metrics("binary", 1, "test/")(p, target).items()}
+    called = (p > 0.5).long()
+    assert both["test/sensitivity"] == pytest.approx(recall_score(target, called))
+    assert both["test/specificity"] == pytest.approx(recall_score(1 - target, 1 - called))
+    assert both["test/accuracy"] == pytest.approx(accuracy_score(target, called))
+    assert both["test/f1"] == pytest.approx(f1_score(target, called))
+
+    lines = metric_lines({**values, "test/scan_auroc": 1.0}, "test")
+    assert lines[0] == "test  accuracy 0.3333  specificity 0.3333  f1 0.0000  scan_auroc 1.0000"
+    assert lines[1].startswith("  undefined here (logged as NaN): auroc, sensitivity: the scored slices hold")
+    assert "nan" not in " ".join(lines)
 
 
 def test_auroc_is_nan_where_undefined_and_sklearn_elsewhere():

@@ -15,7 +15,11 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torchmetrics import Metric, MetricCollection
 from torchmetrics.classification import (
     Accuracy,
+    BinaryAccuracy,
     BinaryAUROC,
+    BinaryF1Score,
+    BinaryRecall,
+    BinarySpecificity,
     F1Score,
     MulticlassAUROC,
     MultilabelAUROC,
@@ -53,9 +57,16 @@ def classification_metrics(
     # -1: a label not known (a slice of a scan labelled with a lesion): left out of every figure. Each rank still
     # updates every metric with every batch, so that the states DDP gathers exist on all of them.
     unknown = {"ignore_index": UNKNOWN}
-    if task == "binary":
-        kwargs, auroc = {"task": "binary", **unknown}, DefinedBinaryAUROC(**unknown)
-    elif task == "multiclass":
+    if task == "binary":  # sensitivity: recall of the positive class; specificity: recall of the negative class
+        binary = {
+            "auroc": DefinedBinaryAUROC(**unknown),
+            "accuracy": DefinedBinaryAccuracy(**unknown),
+            "f1": DefinedBinaryF1Score(**unknown),
+            "sensitivity": DefinedBinaryRecall(**unknown),
+            "specificity": DefinedBinarySpecificity(**unknown),
+        }
+        return MetricCollection(binary, prefix=prefix)
+    if task == "multiclass":
         kwargs = {"task": "multiclass", "num_classes": num_classes, "average": "macro", **unknown}
         auroc = DefinedMulticlassAUROC(num_classes=num_classes, **unknown)
     else:
@@ -81,8 +92,9 @@ def classification_metrics(
 # counts such a class as 0 in its macro average), which reads as a model that is always wrong and, as val/auroc, would
 # pick a checkpoint. These return NaN instead (macro: the mean over the classes where AUROC is defined).
 UNDEFINED_AUROC = (
-    "AUROC is undefined where the targets hold only one class (e.g. a validation split without a bleed, or a label"
-    " never positive there): it is logged as NaN, not 0, and never chooses a best checkpoint"
+    "AUROC is undefined where the targets hold only one class (e.g. a validation split without a bleed, a label never"
+    " positive there, or scan labels, which label only the slices of scans without a lesion): it is logged as NaN,"
+    " not 0, and never chooses a best checkpoint"
 )
 _warned = {"undefined": False}  # once per process, not once per metric, stage and label
 
@@ -197,3 +209,43 @@ class WeightedLogLoss(Metric):
 
     def compute(self) -> torch.Tensor:
         return (self.total / self.count).float()
+
+
+class _NaNWhereUndefined:
+    """A binary figure of the slices' counts (true and false positives and negatives), NaN where those slices do not
+    define it instead of torchmetrics' 0, which reads as a measured failure: no slice scored at all (a split labelled
+    by scan: its slices carry no label), or none of the class the figure is a rate of (sensitivity without a slice
+    with a lesion, as scan labels give; specificity without one without)."""
+
+    def undefined(self, tp: torch.Tensor, fp: torch.Tensor, tn: torch.Tensor, fn: torch.Tensor) -> bool:
+        return bool((tp + fp + tn + fn).sum() == 0)
+
+    def compute(self) -> torch.Tensor:
+        if self.undefined(*self._final_state()):
+            return torch.tensor(float("nan"), device=self.device)
+        return super().compute()
+
+
+class DefinedBinaryAccuracy(_NaNWhereUndefined, BinaryAccuracy):
+    """Accuracy, NaN where no slice was scored."""
+
+
+class DefinedBinaryRecall(_NaNWhereUndefined, BinaryRecall):
+    """Sensitivity, NaN where no scored slice has a lesion."""
+
+    def undefined(self, tp, fp, tn, fn) -> bool:
+        return bool((tp + fn).sum() == 0)
+
+
+class DefinedBinarySpecificity(_NaNWhereUndefined, BinarySpecificity):
+    """Specificity, NaN where every scored slice has a lesion."""
+
+    def undefined(self, tp, fp, tn, fn) -> bool:
+        return bool((tn + fp).sum() == 0)
+
+
+class DefinedBinaryF1Score(_NaNWhereUndefined, BinaryF1Score):
+    """F1, NaN where no scored slice has a lesion nor was called one (2 TP + FP + FN = 0)."""
+
+    def undefined(self, tp, fp, tn, fn) -> bool:
+        return bool((2 * tp + fp + fn).sum() == 0)

@@ -5,6 +5,7 @@ one value of ``runs/latest/summary.json``; ``python -m vit_ct.run.summary report
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -20,6 +21,10 @@ LOCALISATION = ("pointing", "energy", "mask_fraction", "energy_ratio", "pixel_au
 HEADLINE = ("auroc", "accuracy", "sensitivity", "specificity", "f1", "scan_auroc", "loss")
 MAP_SCORES = (*LOCALISATION[:6], "iou", "hd95_mm", "hd95_px", "slices")
 LINE_WIDTH = 118
+UNDEFINED_WHY = (
+    "the scored slices hold no slice label, or one class only (a split without a bleed; scan labels label only the"
+    " slices of scans without a lesion)"
+)
 
 
 def kept_checkpoint(checkpoint) -> str:
@@ -41,9 +46,12 @@ def metric_lines(metrics: dict[str, float], stage: str) -> list[str]:
     figures = {k.removeprefix(f"{stage}/"): v for k, v in metrics.items() if k.startswith(f"{stage}/")}
     if not figures:
         return []
-    head = [name for name in HEADLINE if name in figures]
+    undefined = [name for name in HEADLINE if name in figures and math.isnan(figures[name])]
+    head = [name for name in HEADLINE if name in figures and name not in undefined]
     lines = [f"{stage:<5} " + "  ".join(f"{name} {figures[name]:.4f}" for name in head)]
-    shown = set(head)
+    if undefined:  # said, not printed as a measured 0 or a bare nan
+        lines.append(f"  undefined here (logged as NaN): {', '.join(undefined)}: {UNDEFINED_WHY}")
+    shown = set(head) | set(undefined)
     sources = [s for s in MAP_SOURCES if any(f"{s}_{score}" in figures for score in MAP_SCORES)]
     scores = [score for score in MAP_SCORES if any(f"{s}_{score}" in figures for s in sources)]
     if sources:
