@@ -342,7 +342,8 @@ def test_two_process_predict_writes_each_slice_once(data, tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     table = pd.read_csv(out / "predictions.csv")
     assert len(table) == 3 and not table["image"].duplicated().any()  # 3 slices on 2 ranks: one padded repeat
-    written = {"predictions.csv", "run.json", "scans.csv", "maps", "overlays", *table["rollout"], *table["overlay"]}
+    written = {"predictions.csv", "run.json", "scans.csv", "maps", "overlays", *table["rollout"], *table["overlay"],
+               OUTPUT_RECORD}  # fmt: skip
     assert set(_files(out)) == written
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]
     run = _command(*args, "--data.init_args.predict_split", "test", "--overwrite", "true", cwd=tmp_path)
