@@ -70,7 +70,8 @@ def test_subtypes_come_from_the_mask_values(label_192, tmp_path):
         + [f"bhsd_masks/{names[1]}.nii.gz"] * 3
     )
     assert written.files == [out, out.parent / "bhsd_masks"]
-    assert sorted(p.name for p in (out.parent / "bhsd_masks").iterdir()) == [f"{names[0]}.nii.gz", f"{names[1]}.nii.gz"]
+    masks = sorted(p.name for p in (out.parent / "bhsd_masks").glob("*.nii.gz"))
+    assert masks == [f"{names[0]}.nii.gz", f"{names[1]}.nii.gz"]
     for name in names[:2]:
         mask = nib.load(out.parent / "bhsd_masks" / f"{name}.nii.gz")
         assert set(np.unique(np.asanyarray(mask.dataobj))) <= {0, 1}

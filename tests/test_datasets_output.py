@@ -9,6 +9,7 @@ import pytest
 from head_volumes import DCM2NIIX_AFFINE, head_hu, write_volume
 
 from vit_ct.data.datasets import write_dataset_manifest
+from vit_ct.files import OUTPUT_RECORD
 
 
 def write_bhsd(root, name: str, values: list[int]) -> None:
@@ -26,7 +27,8 @@ def test_overwrite_replaces_the_manifest_and_its_masks_together_and_bad_input_ke
     out = tmp_path / "out" / "bhsd.csv"
     write_dataset_manifest("bhsd", first, out, progress=False)
     before = out.read_bytes()
-    assert [p.name for p in (out.parent / "bhsd_masks").iterdir()] == ["ID_00000001_ID_0000000001.nii.gz"]
+    masks = sorted(p.name for p in (out.parent / "bhsd_masks").iterdir())
+    assert masks == [OUTPUT_RECORD, "ID_00000001_ID_0000000001.nii.gz"]  # the masks, and the record of them
 
     with pytest.raises(ValueError, match="already exist"):
         write_dataset_manifest("bhsd", second, out, progress=False)
@@ -46,3 +48,25 @@ def test_overwrite_replaces_the_manifest_and_its_masks_together_and_bad_input_ke
 def test_an_output_that_is_not_a_csv_file_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"expected a manifest file name ending in \.csv"):
         write_dataset_manifest("bhsd", tmp_path, tmp_path / "manifest.txt")
+
+
+def test_overwrite_never_deletes_a_folder_or_file_of_the_users_that_has_the_outputs_name(tmp_path):
+    root = tmp_path / "set" / "label_192"
+    write_bhsd(root, "ID_00000001_ID_0000000001", [2, 5])
+    out = tmp_path / "out" / "bhsd.csv"
+    mine = out.parent / "bhsd_masks"
+    mine.mkdir(parents=True)
+    (mine / "my_segmentation.nii.gz").write_bytes(b"a user's own mask")
+    with pytest.raises(ValueError, match=r"mask folder .*bhsd_masks .* did not write \(my_segmentation\.nii\.gz\)"):
+        write_dataset_manifest("bhsd", root, out, progress=False, overwrite=True)
+    assert (mine / "my_segmentation.nii.gz").read_bytes() == b"a user's own mask" and not out.exists()
+    mine.rename(tmp_path / "elsewhere")
+
+    out.write_text("patient,notes\n1,a spreadsheet of the user's\n")
+    with pytest.raises(ValueError, match=r"bhsd\.csv exists and is not a manifest"):
+        write_dataset_manifest("bhsd", root, out, progress=False, overwrite=True)
+    assert out.read_text() == "patient,notes\n1,a spreadsheet of the user's\n"
+    out.unlink()
+    write_dataset_manifest("bhsd", root, out, progress=False)
+    write_dataset_manifest("bhsd", root, out, progress=False, overwrite=True)  # its own earlier output: replaced
+    assert sorted(p.name for p in out.parent.iterdir()) == ["bhsd.csv", "bhsd_masks"]

@@ -177,3 +177,21 @@ def test_predict_ends_with_a_line_saying_what_it_wrote(tmp_path):
         f"vit-ct predict wrote {out}: 2 slices (predictions.csv, maps/, overlays/); 1 scan (scans.csv); 1 DICOM object"
         " (dicom/); what was left out, with the reasons: skipped.csv"
     )
+
+
+def test_manifest_overwrite_replaces_a_manifest_never_another_file(tmp_path, capsys):
+    from vit_ct.sim.phantom import PhantomConfig
+    from vit_ct.sim.synthetic import simulate_patient, write_slices
+
+    slices = simulate_patient(7, 1, 2, PhantomConfig(size=64, pixel_spacing_mm=3.6))
+    write_slices(slices, seed=7, pid="p-0001", images=tmp_path / "scan", masks=tmp_path / "masks")
+    sheet = tmp_path / "my.csv"
+    sheet.write_text("patient,notes\n1,a spreadsheet of the user's\n")
+    with pytest.raises(SystemExit):
+        main(["manifest", str(tmp_path / "scan"), "--output", str(sheet), "--overwrite"])
+    assert "my.csv exists and is not a manifest" in capsys.readouterr().err
+    assert sheet.read_text() == "patient,notes\n1,a spreadsheet of the user's\n"
+    manifest = tmp_path / "m.csv"
+    main(["manifest", str(tmp_path / "scan"), "--output", str(manifest)])
+    main(["manifest", str(tmp_path / "scan"), "--output", str(manifest), "--overwrite"])  # a manifest: replaced
+    assert len(pd.read_csv(manifest)) == 2

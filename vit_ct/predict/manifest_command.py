@@ -89,11 +89,13 @@ def main(argv: list[str] | None = None) -> None:
 def write_scans(parser: argparse.ArgumentParser, scans: list[str], output: str, overwrite: bool) -> None:
     """The manifest of the CT slices under DICOM folders and NIfTI volumes, its labels left empty."""
     from vit_ct.data.io.scans import write_scan_manifest  # here: `vit-ct manifest --help` answers without it
+    from vit_ct.data.manifests.manifest import check_replaceable_manifest
     from vit_ct.run.console import counted
 
     if Path(output).exists() and not overwrite:
         parser.exit(2, f"vit-ct manifest: {output} exists (labels filled in would be lost); pass --overwrite\n")
     try:
+        check_replaceable_manifest(output)
         path, scans, skipped = write_scan_manifest(scans, output)
     except ValueError as err:  # a missing path, or no CT at all: the message names them
         parser.exit(2, f"vit-ct manifest: {err}\n")

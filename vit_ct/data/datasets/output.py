@@ -18,8 +18,10 @@ import nibabel as nib
 import numpy as np
 import pandas as pd
 
-from vit_ct.files import atomic_write, remove_leftovers
+from vit_ct.data.manifests.manifest import check_replaceable_manifest
+from vit_ct.files import atomic_write, check_replaceable, record_output, remove_leftovers
 
+MANIFEST = "manifest"  # the command, as a mask folder's output record names it
 # Column order of every converter's manifest; columns not listed follow in the converter's order.
 LEADING_COLUMNS = (
     "image", "slice", "label", "epidural", "intraparenchymal", "intraventricular", "subarachnoid", "subdural", "any",
@@ -60,6 +62,9 @@ class DatasetOutput:
             )
         if self.manifest.is_dir():
             raise ValueError(f"output {self.manifest} is a folder; expected a manifest file name ending in .csv")
+        check_replaceable_manifest(self.manifest)
+        # the mask folder of an earlier conversion (its record), never a folder of the user's that has the name
+        check_replaceable(self.masks_dir, MANIFEST, overwrite=True, option="mask folder")
         self.folder.mkdir(parents=True, exist_ok=True)
         remove_leftovers(self.folder)  # staging folders of converters that were killed
         return self
@@ -101,6 +106,7 @@ class DatasetOutput:
             os.replace(self.masks_dir, old)
         written = []
         if self._staging.exists():
+            record_output(self._staging, MANIFEST)
             os.replace(self._staging, self.masks_dir)
             written.append(self.masks_dir)
         for name, path in self._tables.items():

@@ -40,6 +40,24 @@ __all__ = [
 ]
 
 
+def check_replaceable_manifest(path: str | os.PathLike) -> None:
+    """``--overwrite`` replaces a manifest, never another file: refuse an existing ``path`` whose header names no
+    ``image`` column (a file of the user's that merely has the name), naming it."""
+    path = Path(path)
+    if not path.is_file():
+        return
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            header = next(csv.reader(f), [])
+    except (OSError, UnicodeDecodeError, csv.Error):
+        header = []
+    if "image" not in [column.strip() for column in header]:
+        raise ValueError(
+            f"{path} exists and is not a manifest (its first line names no image column); --overwrite replaces only a"
+            " manifest: choose another output name, or move that file"
+        )
+
+
 def manifest_frame(row: pd.Series) -> int | None:
     """The row's ``slice`` (frame of a multi-frame DICOM, index along the last axis of a volume), None if empty."""
     return frame_number(row.get("slice"))
