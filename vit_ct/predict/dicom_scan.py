@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +37,7 @@ from vit_ct.predict.scan_writer import group_scan
 DICOM_FOLDER = "dicom"
 OBJECTS_CSV = "objects.csv"  # in OUT/dicom/: scan, kind, file, series and SOP instance UIDs; reason where not written
 KINDS = ("pm", "seg", "sc")  # Parametric Map, SEG, Secondary Captures
+PERSON_NAME_ADVICE = r'The string ".*" is unlikely to represent the intended person name'  # highdicom's warning
 
 
 def model_provenance(pl_module) -> Provenance:
@@ -168,7 +170,11 @@ def scan_objects(out: Path, scan, rows: pd.DataFrame, summary: pd.Series, proven
     objects: dict[str, list | Exception] = {}
     for kind, make in makers.items():
         try:
-            objects[kind] = make()
+            with warnings.catch_warnings():
+                # the patient's name is copied from the source as the scanner wrote it ("ANONYMOUS", no caret):
+                # highdicom's advice on composing a name is for a name it is given, not one a user could change here
+                warnings.filterwarnings("ignore", PERSON_NAME_ADVICE, UserWarning)
+                objects[kind] = make()
         except Exception as err:  # highdicom's refusal of these sources, as it said it
             objects[kind] = err
     return objects
