@@ -126,6 +126,10 @@ def test_predict_with_hostile_patient_ids_writes_only_inside_its_output(syntheti
             path = (out / row[column]).resolve()
             assert path.is_file() and path.parent == (out / "scans").resolve()
             assert Path(row[column]).name.startswith(safe_name(row["scan"]))
+    predictions = pd.read_csv(out / "predictions.csv", dtype={"scan": str})
+    for scan, overlay in zip(predictions["scan"], predictions["overlay"], strict=True):  # traceable to its scan
+        assert Path(overlay).name.split("_", 1)[1].startswith(safe_name(scan, unique=False)[:40])
+        assert (out / overlay).resolve().parent == (out / "overlays").resolve()
     objects = pd.read_csv(out / "dicom" / "objects.csv", dtype={"scan": str}).dropna(subset=["file"])
     for scan, files in objects.groupby("scan"):
         assert {Path(f).parts[1] for f in files["file"]} == {safe_name(scan)}

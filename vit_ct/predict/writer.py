@@ -193,7 +193,9 @@ class PredictionWriter(BasePredictionWriter):
             row = table.iloc[index]
             rows, cols = batch["source_shape"][i].tolist()
             heat = to_source_grid(prediction.rollout[i].float().cpu(), rows, cols).clamp_min(0).numpy()
-            stem = f"{index:06d}_{_slug(row['image_ref'])}"
+            # the scan in the name too: every series of an archive has its IM0005
+            scan = f"{safe_name(row[scan_key], unique=False)[:40]}_" if scan_key is not None else ""
+            stem = f"{index:06d}_{scan}{_slug(row['image_ref'])}"
             map_path, overlay_path = Path("maps") / f"{stem}.npy", Path("overlays") / f"{stem}.png"
             save_npy(heat.astype(np.float32), self.output_dir / map_path)
             hu = load_ct_slice(row["image"], frame=manifest_frame(row), **dataset.read_options)
