@@ -40,6 +40,9 @@ class PredictionColumns:
     """The manifest's ``slice`` (index along a volume's last axis), where it has one."""
     mask: str = "mask"
     """The manifest's lesion mask, where the slice has one."""
+    outside_domain: str = "outside_domain"
+    """Why the slice does not look like an axial head CT (another body part by its DICOM header, no skull around the
+    brain in its pixels: :func:`vit_ct.data.io.head_check.head_check`); empty where it does."""
     rollout_air: str = "rollout_air"
     """Share of the rollout on patches without a head pixel (the attention sink)."""
     rollout_outside_head: str = "rollout_outside_head"
@@ -93,7 +96,7 @@ class PredictionColumns:
         if labels:
             names += self.labels(class_names) if task == "multilabel" else [self.label]
         names += [self.rollout, self.overlay]
-        names += [self.scan] * scan + [self.slice] * frame + [self.mask] * mask
+        names += [self.scan] * scan + [self.slice] * frame + [self.mask] * mask + [self.outside_domain]
         if blocks is not None:
             names += [self.rollout_air, self.rollout_outside_head]
             names += [self.block(name, b) for name in (self.cls_prefix, self.cls_air) for b in range(blocks)]

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 from lightning.pytorch.callbacks import BasePredictionWriter
 
+from vit_ct.data.io.head_check import head_check
 from vit_ct.data.io.reader import load_ct_slice, load_mask
 from vit_ct.data.manifests.manifest import manifest_frame
 from vit_ct.data.transforms.grid import to_source_grid
@@ -95,12 +96,20 @@ def unmeasured_distances(table: pd.DataFrame) -> list[str]:
 
 
 def prediction_row(
-    prediction: Inference, i: int, row: pd.Series, pl_module, *, files: dict[str, str], scan_key: str | None
+    prediction: Inference,
+    i: int,
+    row: pd.Series,
+    pl_module,
+    *,
+    files: dict[str, str],
+    scan_key: str | None,
+    outside_domain: str | None = None,
 ) -> dict:
     """Slice ``i`` of a batch as a row of ``predictions.csv`` (:class:`vit_ct.metrics.schema.PredictionColumns`, in
     its order), from the model's :class:`~vit_ct.model.inference.Inference`, the slice's manifest ``row`` (with the
     dataset's ``image_ref``) and the ``files`` written for it (``rollout``, ``overlay``); with ``index``, the slice's
-    row in the dataset. ``scan_key``: the manifest's column naming the slice's scan, if any."""
+    row in the dataset. ``scan_key``: the manifest's column naming the slice's scan, if any. ``outside_domain``: why
+    the slice does not look like a head CT ("" where it does; None: not checked)."""
     record = {PREDICTIONS.index: int(prediction.index[i]), PREDICTIONS.image: row["image_ref"]}
     record.update(prediction.probabilities(i, pl_module.class_names))
     labels = pl_module.hparams.class_names if pl_module.task == "multilabel" else None
@@ -116,6 +125,8 @@ def prediction_row(
         record[PREDICTIONS.slice] = manifest_frame(row)
     if isinstance(row.get("mask"), str):
         record[PREDICTIONS.mask] = row.get("mask_ref", row["mask"])
+    if outside_domain is not None:
+        record[PREDICTIONS.outside_domain] = outside_domain
     record.update(prediction.sink_columns(i))
     record.update(prediction.score_columns(i))
     return record
@@ -199,10 +210,12 @@ class PredictionWriter(BasePredictionWriter):
             map_path, overlay_path = Path("maps") / f"{stem}.npy", Path("overlays") / f"{stem}.png"
             save_npy(heat.astype(np.float32), self.output_dir / map_path)
             hu = load_ct_slice(row["image"], frame=manifest_frame(row), **dataset.read_options)
+            outside = head_check(row["image"], hu)
             mask = load_mask(row["mask"], frame=manifest_frame(row)) if isinstance(row.get("mask"), str) else None
             save_png(render_overlay(hu, heat, mask, window=self.window), self.output_dir / overlay_path)
             files = {PREDICTIONS.rollout: map_path.as_posix(), PREDICTIONS.overlay: overlay_path.as_posix()}
-            self.rows.append(prediction_row(prediction, i, row, pl_module, files=files, scan_key=scan_key))
+            self.rows.append(prediction_row(prediction, i, row, pl_module, files=files, scan_key=scan_key,
+                                            outside_domain=outside))  # fmt: skip
 
     def on_predict_epoch_end(self, trainer, pl_module) -> None:
         partial = self.output_dir / f".predictions.rank{trainer.global_rank}.csv"
@@ -221,6 +234,7 @@ class PredictionWriter(BasePredictionWriter):
                 table.insert(table.columns.get_loc(PREDICTIONS.prob) + 1, PREDICTIONS.prob_calibrated, calibrated)
             with atomic_write(self.output_dir / PREDICTIONS.file) as tmp:
                 table.to_csv(tmp, index=False)
+            say_outside_domain(table)
             with atomic_write(self.output_dir / RUN_JSON) as tmp:  # where the slices are: the review reads them
                 tmp.write_text(json.dumps(run_record(trainer, pl_module, self.calibration), indent=2) + "\n")
             for p in parts:
@@ -255,3 +269,14 @@ def summary_line(out: Path) -> str:
     if left_out:
         parts.append(f"what was left out, with the reasons: {', '.join(left_out)}")
     return f"vit-ct predict wrote {out}: " + "; ".join(parts)
+
+
+def say_outside_domain(table: pd.DataFrame) -> None:
+    """One line where some slices do not look like an axial head CT: their probabilities are the model's all the
+    same, read on what it was not trained on."""
+    flagged = table[table[PREDICTIONS.outside_domain].fillna("").astype(str) != ""]
+    if len(flagged):
+        first = flagged.iloc[0]
+        print(f"{len(flagged)} of {len(table)} slices do not look like an axial head CT, which the model was trained"
+              f" on: their P(lesion) means little (each reason in {PREDICTIONS.file}'s {PREDICTIONS.outside_domain}"
+              f" column); e.g. {first[PREDICTIONS.image]}: {first[PREDICTIONS.outside_domain]}")  # fmt: skip

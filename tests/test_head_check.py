@@ -1,0 +1,56 @@
+"""A slice that is not an axial head CT (pydicom's CT_small.dcm, a vertebra; a header naming another body part) is
+flagged in predictions.csv and said in one line; real and simulated head slices are not."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pydicom
+import pytest
+from conftest import TINY_MODEL_ARGS
+from pydicom.data import get_testdata_file
+from test_cli import DEMO, _vit_ct
+from test_scans import MANIFEST, tiny_checkpoint  # noqa: F401  (a fixture: the tiny fit, reused)
+
+from vit_ct import load_ct_slice
+from vit_ct.data.io.head_check import ENCLOSED_SHARE, enclosed_share, head_check
+from vit_ct.sim.phantom import PhantomConfig
+from vit_ct.sim.synthetic import simulate_patient
+
+HEAD = "693_UNCI.dcm"  # pydicom-data's head CT slice
+
+
+def test_a_vertebra_is_flagged_and_a_real_head_slice_is_not():
+    vertebra, head = get_testdata_file("CT_small.dcm"), get_testdata_file(HEAD)
+    assert "no skull around the brain" in head_check(vertebra, load_ct_slice(vertebra))
+    assert head_check(head, load_ct_slice(head)) == ""
+    assert enclosed_share(load_ct_slice(head)) > 2 * ENCLOSED_SHARE
+
+
+def test_simulated_head_slices_at_every_level_are_not_flagged():
+    for index in range(3):
+        for simulated in simulate_patient(3, index, 12, PhantomConfig(size=128, pixel_spacing_mm=1.8)):
+            assert enclosed_share(simulated.hu) > 2 * ENCLOSED_SHARE
+
+
+def test_a_header_naming_another_body_part_is_flagged(tmp_path):
+    dataset = pydicom.dcmread(get_testdata_file(HEAD))
+    for part, flagged in (("CHEST", True), ("HEAD", False), ("Brain", False), ("", False)):
+        dataset.BodyPartExamined = part
+        path = tmp_path / f"{part or 'none'}.dcm"
+        dataset.save_as(path)
+        assert (head_check(path, load_ct_slice(path)) == f"not a head: BodyPartExamined is {part}") == flagged
+
+
+@pytest.mark.slow
+def test_predict_flags_the_slices_that_are_not_a_head_and_says_so(tiny_checkpoint, tmp_path):  # noqa: F811
+    vertebra, head = get_testdata_file("CT_small.dcm"), get_testdata_file(HEAD)
+    manifest = tmp_path / "m.csv"
+    pd.DataFrame({"image": [vertebra, head], "label": [0, 0]}).to_csv(manifest, index=False)
+    out = tmp_path / "out"
+    run = _vit_ct("predict", "--config", DEMO, "--config", MANIFEST, *TINY_MODEL_ARGS, "--data.init_args.img_size",
+                  "32", "--data.manifest", str(manifest), "--ckpt_path", str(tiny_checkpoint), "--output_dir", str(out),
+                  cwd=tmp_path)  # fmt: skip
+    table = pd.read_csv(out / "predictions.csv", keep_default_na=False)
+    assert table["outside_domain"].str.startswith("no skull around the brain").tolist() == [True, False]
+    assert table.loc[1, "outside_domain"] == ""
+    assert "1 of 2 slices do not look like an axial head CT" in run.stdout
