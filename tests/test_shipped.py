@@ -93,11 +93,15 @@ def test_a_command_with_a_checkpoint_ignores_the_start_weights_its_config_names(
 
 SHIPPED = "vit-ct/headct-tiny-256"
 # How close a new scoring of the card test set comes to the card (fp32), as the card page states: counts exactly, scores
-# (AUROC, pointing, pixel AUROC, Dice) within SCORE_TOLERANCE, HD95 within HD95_TOLERANCE_MM: room for another CPU's
-# fp32 arithmetic (not measured); scored with 1 and with 2 torch threads on one machine the figures were equal to the
-# last digit (benchmarks/records/shipped_card.json, shipped_card_1thread.json).
+# (AUROC, pointing, pixel AUROC, Dice) within SCORE_TOLERANCE, HD95 within HD95_TOLERANCE_MM on the CPU kind the card
+# was measured on (with 1 and with 2 torch threads the figures were equal to the last digit: shipped_card.json,
+# shipped_card_1thread.json). Another CPU kind's fp32 kernels round otherwise and move a near tie: on an Intel Xeon
+# (shipped_card_other_cpu.json) pointing moved by one slice of 242 and the scores by about 1e-3, HD95 by 0.15 mm,
+# the masks not at all (perfect patch Dice equal to 6 digits); there the bounds are OTHER_CPU_*.
 SCORE_TOLERANCE = 1e-4
 HD95_TOLERANCE_MM = 0.01
+OTHER_CPU_SCORE_TOLERANCE = 0.005  # a slice of pointing is 1/242 = 0.0041
+OTHER_CPU_HD95_TOLERANCE_MM = 0.5
 
 
 def test_export_takes_the_cards_figures_from_a_record_of_these_weights_only(exported, tmp_path):
@@ -129,6 +133,8 @@ def test_the_cards_figures_are_the_record_of_a_scoring_of_these_very_weights():
     card_page = (Path(__file__).resolve().parents[1] / "docs" / "reference.md").read_text()  # the card's table
     claimed = re.search(r"scores within ([0-9.e-]+) and HD95 within ([0-9.]+) mm", card_page)  # the docs' claim
     assert claimed and (float(claimed[1]), float(claimed[2])) == (SCORE_TOLERANCE, HD95_TOLERANCE_MM)
+    other = re.search(r"another CPU kind within ([0-9.e-]+) and ([0-9.]+) mm", card_page)
+    assert other and (float(other[1]), float(other[2])) == (OTHER_CPU_SCORE_TOLERANCE, OTHER_CPU_HD95_TOLERANCE_MM)
 
     card, record = shipped.card(SHIPPED)["card_test"], read_record("shipped_card")
     assert card["figures"] == record["figures"] and card["measured"]["date"] == record["date"]
@@ -152,8 +158,13 @@ def test_the_shipped_weights_reproduce_their_cards_figures_on_the_card_test_set(
     """Offline, by name: the card test set regenerated from the seed the card names, scored as the card was."""
     from conftest import load_benchmark
 
+    from vit_ct.run.hardware import cpu_has_native_bf16, cpu_model
+
     card_benchmark = load_benchmark("shipped_card")
-    expected = shipped.card(SHIPPED)["card_test"]["figures"]
+    expected, measured = shipped.card(SHIPPED)["card_test"]["figures"], shipped.card(SHIPPED)["card_test"]["measured"]
+    card_cpu = measured["cpu"] in cpu_model() and measured["native_bf16"] == cpu_has_native_bf16()
+    scores, hd95 = ((SCORE_TOLERANCE, HD95_TOLERANCE_MM) if card_cpu
+                    else (OTHER_CPU_SCORE_TOLERANCE, OTHER_CPU_HD95_TOLERANCE_MM))  # fmt: skip
     manifest = card_benchmark.card_test_set(SHIPPED, tmp_path / "card-test", num_workers=2, progress=False)
     figures = card_benchmark.measure(SHIPPED, manifest, progress=False)
     assert set(figures) == set(expected)  # every figure the card states
@@ -161,5 +172,5 @@ def test_the_shipped_weights_reproduce_their_cards_figures_on_the_card_test_set(
         if isinstance(value, int):
             assert figures[name] == value, name
         else:
-            tolerance = HD95_TOLERANCE_MM if name.endswith("_mm") else SCORE_TOLERANCE
-            assert figures[name] == pytest.approx(value, abs=tolerance), name
+            tolerance = hd95 if name.endswith("_mm") else scores
+            assert figures[name] == pytest.approx(value, abs=tolerance), (name, cpu_model())
