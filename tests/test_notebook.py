@@ -21,6 +21,7 @@ from sklearn.metrics import roc_auc_score
 
 from vit_ct import review
 from vit_ct.cli import main
+from vit_ct.files import record_output
 from vit_ct.report import report_files
 from vit_ct.review import figures as review_figures
 from vit_ct.review import notebook as review_notebook
@@ -76,8 +77,16 @@ def test_notebook_runs_headless_on_a_trained_checkpoint(synthetic_set, tmp_path,
     monkeypatch.chdir(tmp_path)
     review_notebook.main(["--manifest", str(synthetic_set), "--output_dir", "outputs/review", "--n_cases", "2"])
     out = tmp_path / "outputs" / "review"
-    assert str(out / "attention_review.ipynb") in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert str(out / "attention_review.ipynb") in printed
+    # what it reviewed, said before it runs: the checkpoint the default chose, the manifest, the scans' folder
+    assert f"reviewing {summary['best_checkpoint']} on {synthetic_set} (split test); scans of" in printed
     assert review_figures.HEADLESS_ENV not in os.environ  # restored
+    # another split into the same folder: refused before any cell runs, the review as it was
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
+    with pytest.raises(SystemExit, match=r"holds a review of .* on .*manifest.csv.*--overwrite"):
+        review_notebook.main(["--manifest", str(synthetic_set), "--output_dir", "outputs/review", "--split", "val"])
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before
 
     executed = nbformat.read(out / "attention_review.ipynb", as_version=4)
     outputs = [o for c in executed.cells if c.cell_type == "code" for o in c.outputs]
@@ -122,8 +131,39 @@ def test_a_cell_past_its_timeout_stops_the_run_and_the_cells_before_it_are_kept(
         raise CellTimeoutError("A cell timed out while it was being executed, after 3 seconds.")
 
     monkeypatch.setattr(review_notebook, "execute_notebook", stuck)
+    (tmp_path / "model.ckpt").write_bytes(b"")  # a checkpoint the review would read: the command checks it is there
     with pytest.raises(SystemExit, match="ran longer than --cell_timeout 3 s.*cells before it are in"):
-        review_notebook.main(["--output_dir", "out", "--cell_timeout", "3"])
+        review_notebook.main(["--output_dir", "out2", "--cell_timeout", "3", "--ckpt_path", "model.ckpt"])
+
+
+def test_every_notebook_parameter_is_an_option_of_the_headless_review(capsys):
+    with pytest.raises(SystemExit):
+        review_notebook.main(["--help"])
+    shown = capsys.readouterr().out
+    for name, _, _ in review_notebook.notebook_parameters():
+        if name not in review_notebook.HEADLESS_ONLY:
+            assert f"--{name}" in shown, name
+    parsed = vars(review_notebook.review_parser().parse_args(["--split", "None", "--window", "[40, 80]",
+                                                              "--map_pixels", "--reviewer", "dr/smith"]))  # fmt: skip
+    assert parsed == {"split": None, "window": [40, 80], "map_pixels": True, "reviewer": "dr/smith",
+                      "output_dir": "outputs/review", "cell_timeout": None, "overwrite": False}  # fmt: skip
+
+
+def test_a_review_of_other_inputs_is_replaced_only_with_overwrite_and_verdicts_are_kept(tmp_path):
+    out = tmp_path / "review"
+    out.mkdir()
+    (out / "gallery.png").write_bytes(b"the first review's figure")
+    first = {"ckpt_path": "/a.ckpt", "manifest": "/m.csv", "split": "test", "predict_output": None}
+    (out / review_notebook.INPUTS).write_text(json.dumps(first))
+    record_output(out, review_notebook.REVIEW)
+    (out / "verdicts-dr_smith.csv").write_text("a reviewer's verdicts, written after the run")
+    (out / "notes.txt").write_text("the user's")
+    review_notebook.check_review_dir(out, first, overwrite=False)  # the same review again: taken
+    other = {**first, "ckpt_path": "/b.ckpt"}
+    with pytest.raises(SystemExit, match=r"holds a review of /a.ckpt on /m.csv; this one reviews /b.ckpt"):
+        review_notebook.check_review_dir(out, other, overwrite=False)
+    review_notebook.check_review_dir(out, other, overwrite=True)
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "verdicts-dr_smith.csv"]
 
 
 def report_cell(predict_output, report_dir=None) -> list:

@@ -168,26 +168,48 @@ def inside(folder: str | os.PathLike, *parts: str | os.PathLike) -> Path:
 OUTPUT_RECORD = ".vit-ct-output.json"  # in a command's output folder: which command wrote it, and every file
 
 
-def record_output(folder: str | os.PathLike, command: str) -> None:
-    """Write into ``folder`` that ``command`` wrote it, listing every file in it: what a later ``--overwrite`` may
-    replace (:func:`check_replaceable`). Call it once the output is complete."""
+def file_times(folder: str | os.PathLike) -> dict[str, int]:
+    """Every file in ``folder`` (relative) with its modification time (ns): taken before a run that writes into a
+    folder holding files of others, it tells which files the run wrote (:func:`record_output`'s ``since``)."""
     folder = Path(folder)
-    files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if not p.is_dir())
+    if not folder.is_dir():
+        return {}
+    return {p.relative_to(folder).as_posix(): p.stat().st_mtime_ns for p in folder.rglob("*") if not p.is_dir()}
+
+
+def record_output(folder: str | os.PathLike, command: str, *, since: dict[str, int] | None = None) -> None:
+    """Write into ``folder`` that ``command`` wrote it, listing every file in it: what a later ``--overwrite`` may
+    replace (:func:`check_replaceable`). Call it once the output is complete. ``since``: the folder's
+    :func:`file_times` before the run: then only the files the run wrote or changed are listed, with those of an
+    earlier record of ``command`` still there (a reviewer's files written between runs are not)."""
+    folder = Path(folder)
+    now = file_times(folder)
+    if since is None:
+        files = sorted(now)
+    else:
+        earlier = recorded_files(folder, command)
+        files = sorted(f for f, t in now.items() if since.get(f) != t or f in earlier)
     files = [f for f in files if f != OUTPUT_RECORD]
     with atomic_write(folder / OUTPUT_RECORD) as tmp:
         tmp.write_text(json.dumps({"command": command, "files": files}, indent=0) + "\n")
 
 
+def recorded_files(folder: str | os.PathLike, command: str) -> set[str]:
+    """The files (relative) an earlier ``command`` recorded writing into ``folder``, its record included; none where
+    the folder holds no readable record of ``command`` (:func:`record_output`)."""
+    try:
+        record = json.loads((Path(folder) / OUTPUT_RECORD).read_text())
+        return set(record["files"]) | {OUTPUT_RECORD} if record["command"] == command else set()
+    except (OSError, ValueError, KeyError, TypeError):
+        return set()
+
+
 def foreign_files(folder: str | os.PathLike, command: str) -> list[str]:
     """The files in ``folder`` (relative, sorted) that an earlier ``command`` did not write: all of them where the
-    folder holds no record of ``command`` (:func:`record_output`)."""
+    folder holds no record of ``command``."""
     folder = Path(folder)
     present = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if not p.is_dir())
-    try:
-        record = json.loads((folder / OUTPUT_RECORD).read_text())
-        written = set(record["files"]) | {OUTPUT_RECORD} if record["command"] == command else set()
-    except (OSError, ValueError, KeyError, TypeError):
-        written = set()
+    written = recorded_files(folder, command)
     return [f for f in present if f not in written]
 
 

@@ -4,6 +4,7 @@ this interpreter, writing the executed notebook beside the figures and CSVs it e
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import json
 import os
@@ -12,10 +13,12 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from vit_ct.files import file_times, record_output, recorded_files
 from vit_ct.review.figures import HEADLESS_ENV
 from vit_ct.review.loading import project_path
 
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "attention_review.ipynb"
+REVIEW = "review"  # the command, as the review folder's output record names it
 
 
 @contextlib.contextmanager
@@ -75,26 +78,109 @@ def execute_notebook(
     return executed
 
 
+HEADLESS_ONLY = ("interactive", "output_dir")  # set by the command itself (static figures; --output_dir below)
+INPUTS = "review_inputs.json"  # in the review folder: what it reviewed; another review never replaces it unasked
+
+
+def notebook_parameters(notebook: str | os.PathLike = NOTEBOOK) -> list[tuple[str, object, str]]:
+    """The notebook's parameters as its ``parameters`` cell states them: (name, default, the comment after it). The
+    headless command's options are made from them, so the two never drift apart."""
+    cells = json.loads(Path(notebook).read_text())["cells"]
+    (source,) = ["".join(c["source"]) for c in cells if "parameters" in c.get("metadata", {}).get("tags", [])]
+    parameters = []
+    for line in source.splitlines():
+        code, _, comment = line.partition("#")
+        name, sep, value = code.partition("=")
+        if sep and name.strip().isidentifier():
+            parameters.append((name.strip(), ast.literal_eval(value.strip()), comment.strip()))
+    return parameters
+
+
+def _value(text: str):
+    """An option's value as the notebook's Python reads it: a literal (``None``, ``12``, ``[40, 80]``), else text."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def review_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m vit_ct.review",
+        description="Run notebooks/attention_review.ipynb headless (static figures) and print where its results are."
+        " Every parameter of the notebook is an option; values are read as Python literals (None, 12, [40, 80]),"
+        " else as text.",
+    )
+    for name, default, comment in notebook_parameters():
+        if name in HEADLESS_ONLY:
+            continue
+        described = f"{comment or name} (default {default!r})"
+        if isinstance(default, bool):  # a switch: --map_pixels / --no-map_pixels
+            parser.add_argument(f"--{name}", action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
+                                help=described)  # fmt: skip
+        else:  # only the options given reach the notebook, so None given stays None
+            parser.add_argument(f"--{name}", type=_value, default=argparse.SUPPRESS, metavar=name.upper(),
+                                help=described)  # fmt: skip
+    parser.add_argument("--output_dir", default="outputs/review", help="figures, CSVs, the executed notebook")
+    parser.add_argument("--cell_timeout", type=float, help="seconds a cell may run, then stop with an error (no limit)")
+    parser.add_argument("--overwrite", action="store_true", help="replace a review of other inputs in --output_dir"
+                        " (its figures and tables; the reviewers' verdicts are kept)")  # fmt: skip
+    return parser
+
+
+def review_inputs(parameters: dict) -> dict:
+    """What a review reads, resolved as the notebook resolves it: the checkpoint, the manifest and split, and the
+    predict output whose scans it shows."""
+    from vit_ct.review.loading import resolve_checkpoint
+
+    defaults = {name: default for name, default, _ in notebook_parameters()}
+    given = {**defaults, **parameters}
+    predict_output = given["predict_output"]
+    return {
+        "ckpt_path": str(resolve_checkpoint(given["ckpt_path"])),
+        "manifest": str(project_path(given["manifest"])),
+        "split": given["split"],
+        "predict_output": str(project_path(predict_output)) if predict_output else None,
+    }
+
+
+def check_review_dir(output_dir: Path, inputs: dict, *, overwrite: bool) -> None:
+    """Refuse an ``output_dir`` holding a review of other inputs (or files of no review) unless ``overwrite``; with it,
+    remove the files that review wrote (its record), never the reviewers' verdicts or anything else."""
+    if not output_dir.is_dir() or not any(output_dir.iterdir()):
+        return
+    try:
+        earlier = json.loads((output_dir / INPUTS).read_text())
+    except (OSError, ValueError):
+        earlier = None
+    if earlier == inputs:
+        return  # the same review again: its files are rewritten
+    if not overwrite:
+        what = (f"a review of {earlier.get('ckpt_path')} on {earlier.get('manifest')}" if isinstance(earlier, dict)
+                else "files of no review it can tell")  # fmt: skip
+        raise SystemExit(f"error: --output_dir {output_dir} holds {what}; this one reviews {inputs['ckpt_path']} on"
+                         f" {inputs['manifest']}. Choose another --output_dir, or pass --overwrite to replace it (its"
+                         " figures and tables; the reviewers' verdicts are kept)")  # fmt: skip
+    for name in recorded_files(output_dir, REVIEW):  # verdicts are written after a run: never in its record
+        (output_dir / name).unlink(missing_ok=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     """``python -m vit_ct.review``: run the review notebook headless and print where its results are."""
-    parser = argparse.ArgumentParser(prog="python -m vit_ct.review", description=main.__doc__)
-    parser.add_argument("--ckpt_path", help="checkpoint (default: best of runs/latest/summary.json)")
-    parser.add_argument("--manifest", help="manifest CSV (default: data/synthetic/manifest.csv)")
-    parser.add_argument("--split", help="train, val or test (default: test)")
-    parser.add_argument("--output_dir", default="outputs/review", help="figures, CSVs, executed notebook")
-    parser.add_argument("--n_cases", type=int, help="cases per gallery group (default: 4)")
-    parser.add_argument(
-        "--map_shifts", type=int, help="rollout over this many shifted grids per axis (default: predict's; 1: one pass)"
-    )
-    parser.add_argument(
-        "--map_pixels", action="store_true", default=None, help="rollout spread over the pixels (--model.map_pixels)"
-    )
-    parser.add_argument("--cell_timeout", type=float, help="seconds a cell may run, then stop with an error (no limit)")
-    args = vars(parser.parse_args(argv))
-    output_dir, cell_timeout = args.pop("output_dir"), args.pop("cell_timeout")
-    parameters = {k: v for k, v in args.items() if v is not None}
+    args = vars(review_parser().parse_args(argv))
+    output_dir, cell_timeout = project_path(args.pop("output_dir")), args.pop("cell_timeout")
+    overwrite = args.pop("overwrite")
+    parameters = args  # the notebook's, as given on the command line
     from nbclient.exceptions import CellTimeoutError, DeadKernelError  # papermill's executor
 
+    try:
+        inputs = review_inputs(parameters)
+    except ValueError as error:  # no checkpoint: the message says what to do
+        raise SystemExit(f"error: {error}") from None
+    check_review_dir(output_dir, inputs, overwrite=overwrite)
+    before = file_times(output_dir)  # the reviewers' verdicts are there too: the record lists only this run's files
+    scans = f"; scans of {inputs['predict_output']}" if inputs["predict_output"] else ""
+    print(f"reviewing {inputs['ckpt_path']} on {inputs['manifest']} (split {inputs['split']}){scans}")
     try:
         executed = execute_notebook(output_dir, parameters, cell_timeout=cell_timeout)
     except (CellTimeoutError, DeadKernelError) as error:  # past --cell_timeout nbclient stops the kernel
@@ -102,5 +188,7 @@ def main(argv: list[str] | None = None) -> None:
         done = project_path(output_dir) / NOTEBOOK.name
         raise SystemExit(f"error: a review cell ran {limit} ({type(error).__name__}: {error}); the cells before it "
                          f"are in {done}") from None  # fmt: skip
+    (output_dir / INPUTS).write_text(json.dumps(inputs, indent=1) + "\n")
+    record_output(output_dir, REVIEW, since=before)
     print(f"review written to {executed.parent} (gallery.png, summary.png, case.png, flagged.csv, review.csv)")
     print(f"open it: {Path(sys.executable).with_name('jupyter')} lab {executed}")
