@@ -340,3 +340,21 @@ def test_scan_labels_alone_give_the_scan_figures(tmp_path):
     assert record["rows"]["scans"] == len(scans)
     negatives = test[test["scan"].isin(scans.index[scans["label"] == 0])]
     assert record["rows"]["slices"] == len(negatives) and record["slice"]["specificity"]["n"] == len(negatives)
+
+
+def test_a_manifest_with_masks_beside_predictions_without_map_scores_says_to_predict_again(tmp_path):
+    """Masks filled into the manifest after predict: the maps were scored (or not) when predicting, so the report
+    says that, instead of 'no slice has a lesion mask'."""
+    out, manifest = fake_predict_output(tmp_path)
+    table = pd.read_csv(out / "predictions.csv")
+    scores = [c for c in table.columns if c.startswith(("rollout_", "perfect_patch_", "perfect_grid_"))]
+    table.drop(columns=scores).to_csv(out / "predictions.csv", index=False)
+    report = tmp_path / "report"
+    main(["report", str(out), "--manifest", str(manifest), "--output_dir", str(report), "--bootstrap", "10"])
+    note = json.loads((report / "report.json").read_text())["maps"]["note"]
+    masked = pd.read_csv(manifest).query("split == 'test'")["mask"].notna().sum()
+    assert (
+        note.startswith(f"{masked} reported slices have a lesion mask in this manifest")
+        and "predict again" in note.lower()
+    )
+    assert "Predict again with this manifest" in (report / "report.html").read_text()

@@ -14,6 +14,7 @@ from vit_ct.report.bootstrap import estimate, patient_bootstrap, percentile_inte
 from vit_ct.report.calibration import BINS, calibration_scores, fit_temperature, reliability, scale
 from vit_ct.report.detection import detection_counts, detection_scores
 from vit_ct.report.inputs import (
+    MASK_PATH,
     OVERLAY_PATH,
     P_LESION,
     PATIENT,
@@ -130,6 +131,15 @@ def worst_cases(rows: pd.DataFrame, n: int = WORST) -> dict[str, list[dict]]:
     return {"false_positives": listed(fp.head(n)), "false_negatives": listed(fn.head(n))}
 
 
+def unscored_maps_note(masked: int) -> str:
+    """Why a report whose manifest has lesion masks shows no map scores: they are computed when predicting."""
+    return (
+        f"{masked} reported slices have a lesion mask in this manifest, but the predictions hold no map scores: the"
+        " maps are scored when predicting, against the masks of the manifest predict read. Predict again with this"
+        " manifest (vit-ct predict --data.manifest ...) to score them"
+    )
+
+
 def model_evidence(
     predictions: ModelPredictions,
     manifest: pd.DataFrame,
@@ -153,6 +163,8 @@ def model_evidence(
         maps = map_scores(floors, resamples=resamples, seed=seed)
         if maps:
             maps["pointing_by_lesion_size"] = pointing_by_size(rows, resamples=resamples, seed=seed)
+        elif MASK_PATH in rows and rows[MASK_PATH].notna().any():
+            maps = {"note": unscored_maps_note(int(rows[MASK_PATH].notna().sum()))}
         groups, worst = subgroups(rows, slice_metrics, resamples=resamples, seed=seed), worst_cases(rows)
     scans, scan_metrics = scan_table(in_split), {}
     if scans is not None:

@@ -118,7 +118,9 @@ def _maps(models: list) -> str:
             if f"q{q}" in by_size:
                 sizes.append([html.escape(model.name), f"q{q}: {edges[q - 1]:.4g}-{edges[q]:.4g} {unit}",
                               _figure_cell(by_size[f"q{q}"])])  # fmt: skip
-    out = _table(["map and score", *(m.name for m in models)], rows) if rows else "<p>No slice has a lesion mask.</p>"
+    notes = [m.sections["maps"]["note"] for m in models if "note" in m.sections["maps"]]
+    empty = f"<p>{html.escape(notes[0])}.</p>" if notes else "<p>No reported slice has a lesion mask.</p>"
+    out = _table(["map and score", *(m.name for m in models)], rows) if rows else empty
     return out + (_table(["model", "lesion area quartile", "rollout pointing"], sizes) if sizes else "")
 
 
