@@ -111,7 +111,7 @@ def test_notebook_runs_headless_on_a_trained_checkpoint(synthetic_set, tmp_path,
     assert html.count("data:image/png;base64") >= len(FIGURES)
 
 
-def test_a_cell_past_its_timeout_stops_the_run_and_the_cells_before_it_are_kept(tmp_path, monkeypatch, capsys):
+def test_a_cell_past_its_timeout_stops_the_run_and_the_cells_before_it_are_kept(tmp_path, monkeypatch, capfd):
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
     notebook = nbformat.v4.new_notebook(cells=[
@@ -126,6 +126,7 @@ def test_a_cell_past_its_timeout_stops_the_run_and_the_cells_before_it_are_kept(
         review_notebook.execute_notebook(tmp_path / "out", notebook=tmp_path / "slow.ipynb", cell_timeout=3)
     executed = nbformat.read(tmp_path / "out" / "slow.ipynb", as_version=4)
     assert "first cell done" in "".join(o.get("text", "") for o in executed.cells[0].outputs)
+    assert "over TCP" not in capfd.readouterr().err  # the kernel is reached over local sockets, not the network
 
     def stuck(*args, **kwargs):
         raise CellTimeoutError("A cell timed out while it was being executed, after 3 seconds.")

@@ -41,6 +41,18 @@ def _this_python_kernel() -> Iterator[str]:
                 os.environ["JUPYTER_PATH"] = previous
 
 
+def _local_kernel_manager() -> type:
+    """nbclient's kernel manager, reaching the kernel over local sockets (IPC) instead of TCP: nothing listens on the
+    network, and the kernel has no reason to warn that its traffic is unencrypted."""
+    from jupyter_client.manager import AsyncKernelManager
+
+    class LocalKernelManager(AsyncKernelManager):
+        def __init__(self, **kwargs) -> None:
+            super().__init__(transport="ipc", **kwargs)
+
+    return LocalKernelManager
+
+
 def execute_notebook(
     output_dir: str | os.PathLike,
     parameters: dict | None = None,
@@ -69,6 +81,7 @@ def execute_notebook(
                 cwd=os.getcwd(),
                 progress_bar=False,
                 execution_timeout=cell_timeout,
+                kernel_manager_class=_local_kernel_manager(),
             )
     finally:
         if previous is None:
