@@ -358,3 +358,14 @@ def test_a_manifest_with_masks_beside_predictions_without_map_scores_says_to_pre
         and "predict again" in note.lower()
     )
     assert "Predict again with this manifest" in (report / "report.html").read_text()
+
+
+def test_identifiers_are_never_subgroups():
+    from vit_ct.report.inputs import subgroup_columns
+
+    manifest = pd.DataFrame({
+        "image": [f"{i}.dcm" for i in range(8)], "label": [0, 1] * 4, "scanner": ["A", "B"] * 4,
+        "study_uid": ["1.2.826.0.1.3680043.8.498." + "1" * 30, "1.2.826.0.1.3680043.8.498." + "2" * 30] * 4,
+        "series_uid": ["1.2.3", "1.2.4"] * 4, "accession_id": ["x", "y"] * 4, "position_mm": [0.0, 5.0] * 4,
+    })  # fmt: skip
+    assert subgroup_columns(manifest) == ["scanner"]

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from vit_ct.metrics.schema import PREDICTIONS
 from vit_ct.report.bootstrap import estimate, patient_bootstrap, percentile_interval
 from vit_ct.report.calibration import BINS, calibration_scores, fit_temperature, reliability, scale
 from vit_ct.report.detection import detection_counts, detection_scores
@@ -163,7 +164,7 @@ def model_evidence(
         maps = map_scores(floors, resamples=resamples, seed=seed)
         if maps:
             maps["pointing_by_lesion_size"] = pointing_by_size(rows, resamples=resamples, seed=seed)
-        elif MASK_PATH in rows and rows[MASK_PATH].notna().any():
+        elif PREDICTIONS.rollout in predictions.table and MASK_PATH in rows and rows[MASK_PATH].notna().any():
             maps = {"note": unscored_maps_note(int(rows[MASK_PATH].notna().sum()))}
         groups, worst = subgroups(rows, slice_metrics, resamples=resamples, seed=seed), worst_cases(rows)
     scans, scan_metrics = scan_table(in_split), {}

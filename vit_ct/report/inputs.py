@@ -21,7 +21,9 @@ from vit_ct.metrics.schema import PREDICTIONS, RUN_JSON, SCANS
 
 # The manifest's own columns, never subgroups (the README's manifest table, and what read_manifest adds)
 MANIFEST_COLUMNS = {"image", "label", "patient_id", "scan", "split", "mask", "slice", "pixel_spacing_mm", "image_ref",
-                    "mask_ref", "manifest_line", "image_digest", "scan_label"}  # fmt: skip
+                    "mask_ref", "manifest_line", "image_digest", "scan_label", "position_mm"}  # fmt: skip
+# Identifiers (StudyInstanceUID, SeriesInstanceUID, ...) name cases, not groups a model may fail for: never subgroups
+IDENTIFIER_SUFFIXES = ("_uid", "_id")
 MAX_LEVELS = 12  # a manifest column with 2..12 distinct values (fewer than its rows) is a subgroup column
 # The joined table: P(lesion), truth, where each slice belongs, its files
 P_LESION, POSITIVE, PATIENT, SCAN, SPLIT = "p_lesion", "positive", "patient", "scan", "split"
@@ -173,8 +175,10 @@ def _is_map_score(column: str) -> bool:
 
 def subgroup_columns(manifest: pd.DataFrame, label_columns=None) -> list[str]:
     """The manifest's categorical columns beyond its own: text or numbers with 2 to 12 distinct values, fewer than its
-    rows (``lesion_type``, ``bleed_type``, ``scanner``, ...); label columns are not."""
+    rows (``lesion_type``, ``bleed_type``, ``scanner``, ...); label columns and identifiers (``study_uid``,
+    ``series_uid``, any ``*_uid`` or ``*_id``) are not."""
     own = MANIFEST_COLUMNS | set(label_columns or ()) | {c for c in manifest if c.startswith(("scan_", "label_"))}
+    own |= {c for c in manifest if str(c).lower().endswith(IDENTIFIER_SUFFIXES)}
     chosen = []
     for column in manifest.columns:
         if column in own or manifest[column].dtype.kind not in "OUSif":
