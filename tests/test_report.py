@@ -369,3 +369,32 @@ def test_identifiers_are_never_subgroups():
         "series_uid": ["1.2.3", "1.2.4"] * 4, "accession_id": ["x", "y"] * 4, "position_mm": [0.0, 5.0] * 4,
     })  # fmt: skip
     assert subgroup_columns(manifest) == ["scanner"]
+
+
+def test_a_curve_undefined_on_one_class_says_so_instead_of_empty_axes(monkeypatch):
+    import io
+
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    from vit_ct.report import plots
+    from vit_ct.report.detection import GRID
+
+    class Evidence:  # the two attributes curve_figure reads of a model's evidence
+        name = "vit-ct"
+        undefined = np.full(len(GRID), np.nan)
+        curves = {"scan": {"roc": (undefined, undefined, undefined)}}
+        sections = {"scan": {"auroc": {"value": None}}}
+
+    drawn, real_subplots = [], plt.subplots
+
+    def subplots(*args, **kwargs):  # the figure's axes, kept to read what was drawn on them
+        figure, axes = real_subplots(*args, **kwargs)
+        drawn.append(axes)
+        return figure, axes
+
+    monkeypatch.setattr(plots.plt, "subplots", subplots)
+    png = plots.curve_figure([Evidence()], "roc")
+    (ax,) = drawn[0][0]
+    assert [t.get_text() for t in ax.texts] == ["undefined: the scans reported\nhold one class only"]
+    assert ax.get_legend() is None and Image.open(io.BytesIO(png)).format == "PNG"

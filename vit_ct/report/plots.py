@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")  # files only, no display: also on a server without one
 import matplotlib.pyplot as plt  # noqa: E402
@@ -29,10 +30,14 @@ def curve_figure(models: list, kind: str) -> bytes:
     levels = [level for level in ("slice", "scan") if any(level in m.curves for m in models)]
     figure, axes = plt.subplots(1, len(levels), figsize=(4.6 * len(levels), 4.2), squeeze=False)
     for ax, level in zip(axes[0], levels, strict=True):
+        drawn = 0
         for colour, model in zip(COLOURS, models, strict=False):
             if level not in model.curves:
                 continue
             value, lo, hi = model.curves[level][kind]
+            if np.isnan(np.asarray(value, float)).all():  # one class only (e.g. every scan positive): no curve
+                continue
+            drawn += 1
             figure_name = "auroc" if kind == "roc" else "average_precision"
             summary = model.sections[level][figure_name]["value"]
             label = f"{model.name} ({'AUROC' if kind == 'roc' else 'AP'} {summary:.3f})" if summary is not None else (
@@ -49,7 +54,10 @@ def curve_figure(models: list, kind: str) -> bytes:
         ax.set_title(f"{'ROC' if kind == 'roc' else 'precision-recall'}, {level}s")
         ax.set_xlim(0, 1)
         ax.set_ylim(0, 1.02)
-        ax.legend(loc="lower right" if kind == "roc" else "lower left", fontsize=8)
+        if drawn:
+            ax.legend(loc="lower right" if kind == "roc" else "lower left", fontsize=8)
+        else:  # said on the axes, not left empty
+            ax.text(0.5, 0.5, f"undefined: the {level}s reported\nhold one class only", ha="center", va="center")
     return _png(figure)
 
 
