@@ -203,3 +203,21 @@ def test_the_report_opens_without_errors_and_its_first_screen_is_captured(tmp_pa
     with pytest.raises(SystemExit) as exit_info:
         screenshot.main([str(broken), "--output", str(tmp_path / "none.png")])
     assert exit_info.value.code == 1 and not (tmp_path / "none.png").exists()
+
+
+def test_the_report_does_not_scroll_sideways_at_1280_px(tmp_path, chromium):
+    """Long subgroup levels and many columns stay inside a 1280-pixel window."""
+    from predict_outputs import fake_predict_output
+
+    from vit_ct.report.report_files import write_report
+
+    out, manifest = fake_predict_output(tmp_path)
+    table = pd.read_csv(manifest)
+    # a level with no space to break at, as a site's protocol code or a pasted UID has it
+    table["protocol"] = [f"1.2.826.0.1.3680043.8.498.{i % 3}" + "7" * 90 for i in range(len(table))]
+    table.to_csv(manifest, index=False)
+    page = write_report(out, manifest, tmp_path / "report", resamples=20)
+    chromium.set_window_size(1280, 900)
+    chromium.get(page.as_uri())
+    width, window = chromium.execute_script("return [document.documentElement.scrollWidth, window.innerWidth]")
+    assert width <= window, (width, window)

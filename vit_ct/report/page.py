@@ -15,7 +15,9 @@ from vit_ct.report.subgroups import MIN_CASES
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
-table { border-collapse: collapse; margin: 0.5em 0 1.2em; font-size: 0.9em; }
+table { border-collapse: collapse; margin: 0.5em 0 1.2em; font-size: 0.9em; display: block; max-width: 100%;
+        overflow-x: auto; }
+td { overflow-wrap: anywhere; }
 th, td { border-bottom: 1px solid #ddd; padding: 0.25em 0.7em; text-align: right; }
 th:first-child, td:first-child { text-align: left; }
 .ci { color: #666; font-size: 0.85em; }
