@@ -296,6 +296,11 @@ def test_figures_without_labels(tiny):
     assert set(review.outcome(unlabelled)) == {"unlabelled"}
     fig = review_figures.plot_gallery(unlabelled, n=2)
     assert len([ax for ax in fig.axes if ax.images]) == 2 * min(2, len(table))
+    titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
+    for title, (_, row) in zip(titles, review.gallery(unlabelled, "unlabelled", 2).iterrows(), strict=True):
+        assert title.startswith("unlabelled ") and Path(row["image"]).name in title  # traceable to its case
+        if isinstance(row.get("scan"), str):  # its scan too, where the manifest names one
+            assert row["scan"] in title
     assert isinstance(review_figures.plot_summary(unlabelled), Figure)
 
 

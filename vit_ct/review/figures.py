@@ -36,6 +36,14 @@ def _window(window) -> tuple[float, float]:
     return parse_windows(window)[0]
 
 
+def _case_name(row: pd.Series) -> str:
+    """Which slice a panel shows, traceable to its case: the scan (where known) and the image's file name, short."""
+    name = Path(str(row[REVIEW.image])).name
+    scan = row.get(REVIEW.scan)
+    where = f"{scan} / {name}" if scan is not None and not pd.isna(scan) and str(scan) else name
+    return where if len(where) <= 36 else f"...{where[-33:]}"
+
+
 def _caption(row: pd.Series) -> str:
     label = "?" if pd.isna(row[REVIEW.label]) else int(row[REVIEW.label])
     text = f"p={row[REVIEW.prob]:.2f}  label {label}"
@@ -131,7 +139,7 @@ def plot_gallery(
         for j, (_, row) in enumerate(cases.iterrows()):
             hu, mask = case_images(row, table.attrs.get("read_options"))
             axes[2 * g, j].imshow(render_overlay(hu, None, mask, window=_window(window)))
-            axes[2 * g, j].set_title(f"{names[group]} {j + 1}: {_caption(row)}", fontsize=7)
+            axes[2 * g, j].set_title(f"{names[group]} {j + 1}: {_case_name(row)}\n{_caption(row)}", fontsize=7)
             axes[2 * g + 1, j].imshow(render_overlay(hu, source_map(row), mask, window=_window(window), alpha=alpha))
     return fig
 
