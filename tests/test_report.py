@@ -398,3 +398,26 @@ def test_a_curve_undefined_on_one_class_says_so_instead_of_empty_axes(monkeypatc
     (ax,) = drawn[0][0]
     assert [t.get_text() for t in ax.texts] == ["undefined: the scans reported\nhold one class only"]
     assert ax.get_legend() is None and Image.open(io.BytesIO(png)).format == "PNG"
+
+
+def test_an_interval_over_fewer_patients_than_needed_is_undefined_and_said(tmp_path):
+    from vit_ct.report.bootstrap import MIN_PATIENTS, estimate, patient_bootstrap
+
+    label, prob = np.array([0, 1, 0, 1, 1, 0]), np.array([0.2, 0.8, 0.4, 0.3, 0.9, 0.1])
+
+    def auroc(rows):
+        return {"auroc": roc_auc_score(label[rows], prob[rows]) if len(set(label[rows])) == 2 else np.nan}
+
+    one, _ = estimate(auroc, patient_bootstrap(["p1"] * 6, resamples=50), {"auroc": 6})
+    assert one["auroc"]["ci95"] is None and one["auroc"]["value"] == pytest.approx(roc_auc_score(label, prob))
+    assert one["auroc"]["ci95_undefined"] == f"1 patient, at least {MIN_PATIENTS} needed"
+    enough, _ = estimate(auroc, patient_bootstrap([f"p{i}" for i in range(6)], resamples=50), {"auroc": 6})
+    assert enough["auroc"]["ci95"] is not None and "ci95_undefined" not in enough["auroc"]
+
+    out, manifest = fake_predict_output(tmp_path)  # its validation split: 4 patients
+    report = tmp_path / "report"
+    main(["report", str(out), "--manifest", str(manifest), "--output_dir", str(report), "--split", "val",
+          "--bootstrap", "20"])  # fmt: skip
+    auroc_val = json.loads((report / "report.json").read_text())["slice"]["auroc"]
+    assert auroc_val["ci95"] is None and auroc_val["ci95_undefined"] == f"4 patients, at least {MIN_PATIENTS} needed"
+    assert f"[interval undefined: 4 patients, at least {MIN_PATIENTS} needed]" in (report / "report.html").read_text()

@@ -13,7 +13,13 @@ import numpy as np
 
 RESAMPLES = 1000
 SEED = 0
-Metric = dict  # {"value": float | None, "ci95": [lo, hi] | None, "n": int}: how report.json holds each figure
+# Below this many patients a percentile interval over patients is not given: P patients have only C(2P-1, P) distinct
+# resamples (1 for one patient, 10 for three), too few to read a 2.5th and a 97.5th percentile from; "[0.333, 0.333]"
+# on one patient reads as certainty.
+MIN_PATIENTS = 5
+# {"value": float | None, "ci95": [lo, hi] | None, "n": int}: how report.json holds each figure; with fewer than
+# MIN_PATIENTS patients also "ci95_undefined": why there is no interval
+Metric = dict
 
 
 @dataclass
@@ -92,4 +98,10 @@ def estimate(
     values = statistic(np.arange(len(bootstrap.patients)))
     reps = replicate(statistic, bootstrap)
     metrics = {name: metric(v, reps[name], counts[name]) for name, v in values.items() if np.ndim(v) == 0}
+    patients = bootstrap.draws.shape[1]
+    if patients < MIN_PATIENTS:  # the interval is undefined, and said so beside the figure
+        for figure in metrics.values():
+            if figure["value"] is not None:
+                figure["ci95"] = None
+                figure["ci95_undefined"] = f"{patients} patient{'s' * (patients != 1)}, at least {MIN_PATIENTS} needed"
     return metrics, reps

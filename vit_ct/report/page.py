@@ -71,8 +71,10 @@ DEFINITIONS = {
 def _figure_cell(metric: dict | None) -> str:
     if not metric or metric.get("value") is None:
         return "&ndash;"
-    ci = metric.get("ci95")
+    ci, undefined = metric.get("ci95"), metric.get("ci95_undefined")
     interval = f' <span class="ci">[{ci[0]:.3f}, {ci[1]:.3f}]</span>' if ci else ""
+    if undefined:
+        interval = f' <span class="ci">[interval undefined: {html.escape(undefined)}]</span>'
     return f'{metric["value"]:.3f}{interval} <span class="ci">n={metric["n"]}</span>'
 
 
