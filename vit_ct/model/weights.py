@@ -18,10 +18,9 @@ from timm.models import VisionTransformer, adapt_input_conv
 
 from vit_ct.model import shipped
 from vit_ct.model.hparams import NETWORK
-from vit_ct.model.weights_input import read_checkpoint
+from vit_ct.model.state_fit import HEAD_PREFIXES, misfit_error, stem_keys, stem_of
+from vit_ct.model.weights_input import read_checkpoint, unreadable_reason
 
-# Keys of the classifier heads: re-initialised when their shape differs from the target's.
-_HEAD_PREFIXES = ("head.", "patch_head.")
 STEM_NAMES = {"patch": "timm's linear patch embedding", "conv": "a convolutional stem"}
 
 
@@ -45,7 +44,7 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
         else:
             obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises several types for corrupt or unsafe files
-        raise ValueError(f"cannot read weights file {path}: {err}") from err
+        raise ValueError(f"cannot read weights file {path}: {unreadable_reason(err)}") from None
     for key in ("state_dict", "model", "state_dict_ema"):
         if isinstance(obj, dict) and isinstance(obj.get(key), dict):
             obj = obj[key]
@@ -97,19 +96,6 @@ def load_start(
     return load_state(model, start.state, vit=model.vit, source=start.source)
 
 
-def _stem(state: dict) -> list[str]:
-    return [k for k in state if k.startswith("patch_embed.") and "num_batches_tracked" not in k]
-
-
-def stem_of(state: dict[str, torch.Tensor]) -> Literal["patch", "conv"] | None:
-    """The stem a ViT state dict holds: ``patch`` (timm's linear patch embedding, one convolution ``patch_embed.proj``),
-    ``conv`` (:class:`~vit_ct.model.stem.ConvStemPatchEmbed`, a sequence ``patch_embed.proj.0`` ...), or None (no
-    patch embedding in it)."""
-    if "patch_embed.proj.weight" in state:
-        return "patch"
-    return "conv" if "patch_embed.proj.0.weight" in state else None
-
-
 def choose_stem(stem: Literal["patch", "conv"] | None, start: StartWeights | None) -> Literal["patch", "conv"]:
     """The stem to build: the one asked for; else the one the start weights hold (saying so when it is timm's linear
     patch embedding, which a default conv stem would have left behind), else the conv stem."""
@@ -129,7 +115,7 @@ def adapt_state_dict(state: dict[str, torch.Tensor], model: VisionTransformer) -
     position-embedding grid, head size."""
     target = model.state_dict()
     state = dict(state)
-    if any(k.startswith("patch_embed.") for k in state) and set(_stem(state)) != set(_stem(target)):
+    if any(k.startswith("patch_embed.") for k in state) and set(stem_keys(state)) != set(stem_keys(target)):
         # A linear patch embedding and a conv stem share nothing: the stem starts afresh, the rest loads.
         state = {k: v for k, v in state.items() if not k.startswith("patch_embed.")}
     # The convolution that sees the image: timm's linear patch embedding (patch_embed.proj.weight) or the first conv
@@ -251,6 +237,9 @@ def load_state(
     returns the keys left at their fresh initialisation, and names them in one warning. ``source`` names the weights
     in errors and in the warning."""
     given = state
+    error = misfit_error(state, vit, source)  # before adapting: timm's helpers fail on tensors of another network
+    if error is not None:
+        raise error
     state = adapt_state_dict(state, vit)
     # Heads that live beside the timm network (e.g. the patch head) keep their own prefix.
     target = model.state_dict()
@@ -258,19 +247,17 @@ def load_state(
     vit_prefix = f"{vit_prefix}." if vit_prefix else ""
     remapped = {}
     for key, value in state.items():
-        name = key if key.startswith(_HEAD_PREFIXES[1:]) else vit_prefix + key
+        name = key if key.startswith(HEAD_PREFIXES[1:]) else vit_prefix + key
         if name in target and target[name].shape == value.shape:
             remapped[name] = value
-        elif not key.startswith(_HEAD_PREFIXES):
+        elif not key.startswith(HEAD_PREFIXES):
             shape = tuple(target[name].shape) if name in target else "absent"
             raise ValueError(
                 f"{source}: tensor {key} {tuple(value.shape)} does not fit the model ({shape}); "
                 "is it a different architecture (embed_dim, depth, patch_size)?"
             )
     missing = [k for k in target if k not in remapped]
-    fresh = (
-        (*_HEAD_PREFIXES, "patch_embed.") if not any(k.startswith("patch_embed.") for k in state) else _HEAD_PREFIXES
-    )
+    fresh = (*HEAD_PREFIXES, "patch_embed.") if not any(k.startswith("patch_embed.") for k in state) else HEAD_PREFIXES
     not_heads = [k for k in missing if not k.removeprefix(vit_prefix).startswith(fresh)]
     if not_heads:
         raise ValueError(f"{source} lacks {len(not_heads)} tensors of the model, e.g. {not_heads[:3]}")

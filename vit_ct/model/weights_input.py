@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import zipfile
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -117,6 +118,22 @@ def model_input(
     return InputContract(size, patch_size, channels)
 
 
+def unreadable_reason(err: Exception) -> str:
+    """Why ``torch.load(weights_only=True)`` refused a file, in one line: for a pickle holding Python objects, which
+    ones (unpickling them is how a file runs code) and that vit-ct loads tensors and plain values only; torch's own
+    text, whose advice is to load it with ``weights_only=False``, is never passed on."""
+    text = str(err)
+    # torch names the object it refused as "Unsupported global: GLOBAL x.y" or "unsupported GLOBAL x.y whose module"
+    refused = re.search(r"[Uu]nsupported (?:global: )?GLOBAL ([\w.]+)", text)
+    if refused or "weights_only" in text or "Weights only load failed" in text:
+        objects = f" (e.g. {refused[1]})" if refused else ""
+        return (
+            f"it holds Python objects{objects} that only unpickling would make, which can run code; vit-ct loads"
+            " tensors and plain values only (a checkpoint of `vit-ct fit`, a state dict, .safetensors)"
+        )
+    return text.splitlines()[0] if text else type(err).__name__
+
+
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
     """A Lightning checkpoint's contents, tensors memory-mapped (only the small pickle is read) and no code executed.
     The last file read is kept while it is unchanged on disk, so that a command asking about it several times (its
@@ -151,7 +168,7 @@ def _read_checkpoint(path: Path, mtime_ns: int, size: int, shown: str) -> dict[s
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as err:  # torch raises several types for corrupt or unsafe files
-        raise ValueError(f"cannot read checkpoint {shown}: {err}") from err
+        raise ValueError(f"cannot read checkpoint {shown}: {unreadable_reason(err)}") from None
     if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("state_dict"), dict):
         raise ValueError(
             f"checkpoint {shown} holds no `state_dict`: {expected} (a plain or timm state dict of the network goes to"

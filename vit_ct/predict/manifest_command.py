@@ -24,8 +24,8 @@ DATASET_NAMES = {"cq500": (), "ctich": ("ct-ich", "physionet"), "instance": ("in
 # is not passed, so the converter's signature holds the only default; the help restates it (checked by the tests).
 DATASET_OPTIONS = {
     "on_missing": (("cq500", "ctich", "instance", "bhsd"), {
-        "choices": ("raise", "skip"), "help": "skip a case whose files are missing, noting it, instead of stopping"
-                                              " (default raise)"}),
+        "choices": ("raise", "skip"), "help": "skip a case whose files are missing (or, of a NIfTI set, truncated),"
+                                              " noting it, instead of stopping (default raise)"}),
     "scan_labels": (("ctich", "instance", "bhsd"), {
         "action": "store_true", "help": "add scan_label and scan_<subtype>: a bleed on any slice of the scan"}),
     "min_thickness_mm": (("cq500",), {

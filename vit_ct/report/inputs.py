@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from vit_ct.data.manifests.labels import lesion_labels, scan_lesion_labels
+from vit_ct.data.manifests.labels import lesion_labels, scan_lesion_labels, values_read_as_lesion
 from vit_ct.data.manifests.manifest import read_manifest
 from vit_ct.data.manifests.scan_labels import scan_key
 from vit_ct.metrics.lesion_probability import lesion_probability
@@ -105,7 +106,13 @@ def read_labels(manifest: str | os.PathLike, info: dict) -> pd.DataFrame:
     """The manifest (:func:`vit_ct.data.manifests.manifest.read_manifest`; multi-label when the run was), unlabelled
     rows allowed."""
     label_columns = info.get("class_names") if info.get("task") == "multilabel" else None
-    return read_manifest(manifest, label_columns=label_columns, require_labels=False)
+    table = read_manifest(manifest, label_columns=label_columns, require_labels=False)
+    # A binary model's output (or another model's CSV, whose P(lesion) is one column) meets classes above 1: say what
+    # they are read as. A multi-class run's classes above 0 are lesions by its own outputs.
+    note = values_read_as_lesion(table) if info.get("task") not in ("multiclass", "multilabel") else None
+    if note:
+        warnings.warn(note, stacklevel=2)
+    return table
 
 
 def _keys(images: pd.Series, frames: pd.Series | None) -> pd.Series:

@@ -15,6 +15,7 @@ import torch
 from vit_ct.explain.sanity import RandomisationCheck, image_map, rollout_map
 from vit_ct.metrics.schema import PREDICTIONS
 from vit_ct.model import ViTClassifier
+from vit_ct.model.weights_input import unreadable_reason
 from vit_ct.review.loading import resolve_checkpoint, review_datamodule, run_config
 from vit_ct.review.sanity_command import check_map, sanity_slices
 
@@ -40,7 +41,8 @@ def load_checkpoint(ckpt_path: str | os.PathLike) -> tuple[ViTClassifier, Path]:
     except ValueError as err:  # vit-ct's checkpoint reader names the file and what it found
         raise ValueError(f"--ckpt_path: {err}") from None
     except (pickle.UnpicklingError, RuntimeError, KeyError, EOFError, TypeError, AttributeError) as err:
-        raise ValueError(f"--ckpt_path {path} is not a vit-ct checkpoint ({type(err).__name__}: {err})") from None
+        # torch's own text advises loading with weights_only=False, which would run the file's code: never passed on
+        raise ValueError(f"--ckpt_path {path} is not a vit-ct checkpoint: {unreadable_reason(err)}") from None
     return model, path
 
 

@@ -144,13 +144,16 @@ def review_parser() -> argparse.ArgumentParser:
 def review_inputs(parameters: dict) -> dict:
     """What a review reads, resolved as the notebook resolves it: the checkpoint, the manifest and split, and the
     predict output whose scans it shows."""
+    from vit_ct.model.weights_input import read_checkpoint
     from vit_ct.review.loading import resolve_checkpoint
 
     defaults = {name: default for name, default, _ in notebook_parameters()}
     given = {**defaults, **parameters}
     predict_output = given["predict_output"]
+    checkpoint = resolve_checkpoint(given["ckpt_path"])
+    read_checkpoint(checkpoint)  # a file that is no readable checkpoint is refused here, in one line, not in a cell
     return {
-        "ckpt_path": str(resolve_checkpoint(given["ckpt_path"])),
+        "ckpt_path": str(checkpoint),
         "manifest": str(project_path(given["manifest"])),
         "split": given["split"],
         "predict_output": str(project_path(predict_output)) if predict_output else None,
@@ -188,7 +191,7 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         inputs = review_inputs(parameters)
-    except ValueError as error:  # no checkpoint: the message says what to do
+    except ValueError as error:  # no checkpoint, or none vit-ct reads: the message names it and says what to do
         raise SystemExit(f"error: {error}") from None
     check_review_dir(output_dir, inputs, overwrite=overwrite)
     before = file_times(output_dir)  # the reviewers' verdicts are there too: the record lists only this run's files

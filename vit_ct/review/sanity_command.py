@@ -80,7 +80,10 @@ def main(argv: list[str] | None = None) -> RandomisationCheck:
     if args.slices < 2:
         parser.error(f"--slices must be at least 2, got {args.slices}")
     split = None if args.split == "all" else args.split
-    model, datamodule = load_review(args.ckpt_path, args.manifest, split=split)
+    try:
+        model, datamodule = load_review(args.ckpt_path, args.manifest, split=split)
+    except ValueError as err:  # a missing or unreadable checkpoint or manifest: the message names it
+        parser.exit(2, f"{parser.prog}: error: {err}\n")
     slices = sanity_slices(model, datamodule, args.slices)
     check = check_map(model, slices, seed=args.seed)  # the rollout
     info = {"ckpt_path": str(args.ckpt_path), "manifest": str(args.manifest), "split": args.split, "seed": args.seed}

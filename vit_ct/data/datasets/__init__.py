@@ -19,7 +19,7 @@ import pandas as pd
 
 from vit_ct.data.datasets import bhsd, cq500, ctich, instance, rsna
 from vit_ct.data.datasets.output import DatasetOutput
-from vit_ct.data.datasets.volumes import Converted
+from vit_ct.data.datasets.volumes import LEFT_OUT, Converted
 
 __all__ = ["DATASETS", "DatasetInfo", "DatasetManifest", "dataset_info", "write_dataset_manifest"]
 
@@ -54,16 +54,16 @@ DATASETS = {
         DatasetInfo(
             "ctich", "PhysioNet CT-ICH v1.3.1", "slice labels and subtypes from the diagnosis CSV; masks",
             f"ct_scans/, masks/ and {ctich.CSV_NAME}", "PhysioNet Restricted Health Data License 1.5.0",
-            "https://physionet.org/content/ct-ich/1.3.1/", ctich.convert,
+            "https://physionet.org/content/ct-ich/1.3.1/", ctich.convert, tables=(LEFT_OUT,),
         ),
         DatasetInfo(
             "instance", "INSTANCE 2022", "slice labels from the masks (no subtypes); masks", instance.LAYOUT,
             "challenge rule agreement (own use, no redistribution)", "https://instance.grand-challenge.org/",
-            instance.convert,
+            instance.convert, tables=(LEFT_OUT,),
         ),
         DatasetInfo(
             "bhsd", "BHSD", "slice labels and subtypes from the 5-class masks; binary masks", bhsd.LAYOUT,
-            "CC BY-NC-ND 4.0", "https://huggingface.co/datasets/WuBiao/BHSD", bhsd.convert,
+            "CC BY-NC-ND 4.0", "https://huggingface.co/datasets/WuBiao/BHSD", bhsd.convert, tables=(LEFT_OUT,),
         ),
         DatasetInfo(
             "rsna", "RSNA 2019 Intracranial Hemorrhage Detection", "slice labels: five subtypes, any (= label)",
@@ -136,7 +136,9 @@ def write_dataset_manifest(
     - ``rsna``: stage_2_train.csv and stage_2_train/ (Kaggle) -> the five subtypes, ``any`` and ``label`` per slice;
       non-commercial. Options: ``labels_csv``, ``images``, ``workers``.
 
-    Options: ``on_missing`` "raise" (default) or "skip" a case whose files are missing; ``scan_labels`` adds
+    Options: ``on_missing`` "raise" (default) or "skip" a case whose files are missing or, for the NIfTI sets
+    (``ctich``, ``instance``, ``bhsd``), hold incomplete voxel data (a truncated copy: skipped ones are also listed
+    with their reason in ``OUT.left_out.csv``); ``scan_labels`` adds
     ``scan_label``/``scan_<subtype>`` (a bleed anywhere in the scan) to slice-labelled sets.
 
     Args:

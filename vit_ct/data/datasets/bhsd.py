@@ -40,7 +40,9 @@ from vit_ct.data.datasets.volumes import (
     Converted,
     add_scan_labels,
     check_choice,
+    complete_volumes,
     labelled_rows,
+    left_out_note,
     pair_volumes,
 )
 from vit_ct.files import safe_name
@@ -75,7 +77,9 @@ def convert(
     Args:
         root: the unpacked label_192 folder (or the folder holding it).
         out: where the manifest and the binary masks go.
-        on_missing: "raise" when a CT has no label volume or a label volume no CT, "skip" to leave it out (noted).
+        on_missing: "raise" when a CT has no label volume or a label volume no CT, or either one's voxel data is
+            incomplete (a truncated copy), "skip" to leave it out (noted; incomplete ones also listed beside the
+            manifest).
         scan_labels: also write ``scan_label`` and ``scan_<subtype>`` (a bleed of that type on any slice).
         progress: show a progress bar.
     """
@@ -86,8 +90,10 @@ def convert(
         for images, labels, split in _folders(root)
         for pair in pair_volumes(images, labels, on_missing=on_missing, what="BHSD", notes=notes)
     ]
-    tables = []
+    tables, left_out = [], []
     for pair, split in track(jobs, "BHSD volumes", disable=not progress):
+        if not complete_volumes((pair.image, pair.labels), on_missing=on_missing, what="BHSD", left_out=left_out):
+            continue
         match = RSNA_NAME.match(pair.stem)
         scan_id = safe_name(pair.stem)
         volume = labelled_rows(
@@ -98,6 +104,8 @@ def convert(
         if split is not None:
             table["official_split"] = split
         tables.append(table)
+    if not tables:
+        raise ValueError(f"BHSD: no CT volume under {root} is complete with its label volume")
     table = pd.concat(tables, ignore_index=True)
     images = table.groupby("scan")["image"].nunique()
     if (images > 1).any():
@@ -105,4 +113,5 @@ def convert(
         raise ValueError(f"BHSD: volumes named alike in the train and test folders: {twice[:5]}; expected one of each")
     if scan_labels:
         table = add_scan_labels(table)
+    notes += left_out_note(left_out, out)
     return Converted(table, notes)

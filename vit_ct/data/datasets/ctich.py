@@ -44,8 +44,10 @@ from vit_ct.data.datasets.volumes import (
     Converted,
     add_scan_labels,
     check_choice,
+    complete_volumes,
     count_note,
     dataset_folder,
+    left_out_note,
     lesion_pixels,
     load_volume,
     mask_reference,
@@ -168,7 +170,8 @@ def convert(
     Args:
         root: the folder holding ct_scans/, masks/ and the diagnosis CSV (or the folder the archive unpacked into).
         out: where the manifest and any rewritten masks go.
-        on_missing: "raise" when a patient of the CSV has no CT or mask volume, "skip" to leave it out (noted).
+        on_missing: "raise" when a patient of the CSV has no CT or mask volume, or one whose voxel data is incomplete
+            (a truncated copy), "skip" to leave it out (noted; incomplete ones also listed beside the manifest).
         scan_labels: also write ``scan_label`` and ``scan_<subtype>`` (a bleed on any slice of the scan).
         progress: show a progress bar.
     """
@@ -196,10 +199,11 @@ def convert(
     unlisted = sorted(set(cts) - set(diagnosis["PatientNumber"]))
     notes += count_note(len(unlisted), f"CT volume(s) without rows in {CSV_NAME}, left out: {unlisted[:10]}")
 
-    tally = _Tally()
+    tally, left_out = _Tally(), []
     tables = [
         _patient_rows(n, diagnosis[diagnosis["PatientNumber"] == n], cts[n], masks[n], out, tally, root / CSV_NAME)
         for n in track(patients, "CT-ICH volumes", disable=not progress)
+        if complete_volumes((cts[n], masks[n]), on_missing=on_missing, what="CT-ICH", left_out=left_out)
     ]
     if not tables:
         raise ValueError(f"CT-ICH: no patient of {root / CSV_NAME} has both volumes; expected {LAYOUT}")
@@ -207,4 +211,5 @@ def convert(
     if scan_labels:
         table = add_scan_labels(table)
     notes += tally.notes()
+    notes += left_out_note(left_out, out)
     return Converted(table, notes)

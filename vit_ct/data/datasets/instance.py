@@ -34,9 +34,11 @@ from vit_ct.data.datasets.volumes import (
     Converted,
     add_scan_labels,
     check_choice,
+    complete_volumes,
     count_note,
     dataset_folder,
     labelled_rows,
+    left_out_note,
     pair_volumes,
 )
 from vit_ct.files import safe_name
@@ -53,7 +55,9 @@ def convert(
     Args:
         root: the folder holding data/ and label/ (or the folder above it, e.g. the one holding train_2/).
         out: where the manifest and any rewritten masks go.
-        on_missing: "raise" when a CT has no label volume or a label volume no CT, "skip" to leave it out (noted).
+        on_missing: "raise" when a CT has no label volume or a label volume no CT, or either one's voxel data is
+            incomplete (a truncated copy), "skip" to leave it out (noted; incomplete ones also listed beside the
+            manifest).
         scan_labels: also write ``scan_label`` (a bleed on any slice of the scan).
         progress: show a progress bar.
     """
@@ -61,16 +65,22 @@ def convert(
     root = dataset_folder(root, ("data", "label"), "INSTANCE 2022", LAYOUT)
     notes: list[str] = []
     pairs = pair_volumes(root / "data", root / "label", on_missing=on_missing, what="INSTANCE 2022", notes=notes)
-    tables, rewritten = [], []
+    tables, rewritten, left_out = [], [], []
     for pair in track(pairs, "INSTANCE volumes", disable=not progress):
+        if not complete_volumes((pair.image, pair.labels), on_missing=on_missing, what="INSTANCE 2022",
+                                left_out=left_out):  # fmt: skip
+            continue
         scan_id = safe_name(f"INSTANCE-{pair.stem}")
         volume = labelled_rows(pair, out, scan_id=scan_id, patient_id=scan_id, classes=None, what="INSTANCE 2022")
         if volume.mask.rewritten:
             rewritten.append(f"{pair.labels.name} ({volume.mask.rewritten})")
         tables.append(volume.table)
+    if not tables:
+        raise ValueError(f"INSTANCE 2022: no CT volume in {root / 'data'} is complete with its label volume")
     table = pd.concat(tables, ignore_index=True)
     if scan_labels:
         table = add_scan_labels(table)
     shown = ", ".join(rewritten[:5])
     notes += count_note(len(rewritten), f"mask(s) written again as binary volumes on their CT's grid: {shown}")
+    notes += left_out_note(left_out, out)
     return Converted(table, notes)

@@ -9,6 +9,7 @@ so that `load_mask` turns it to the screen exactly as `load_ct_slice` turns the 
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -24,6 +25,9 @@ from vit_ct.data.io.scans import nifti_scan, scan_table
 SUBTYPES = RSNA_LABELS[:5]  # epidural, intraparenchymal, intraventricular, subarachnoid, subdural: RSNA's names
 NIFTI_SUFFIXES = (".nii.gz", ".nii")
 AFFINE_TOLERANCE_MM = 1e-3  # float32 headers round-trip affines to about 1e-5 mm
+LEFT_OUT = "left_out"  # the side table (``OUT.left_out.csv``) of the volumes a converter left out, and why
+LEFT_OUT_COLUMNS = ("file", "reason")
+_CHUNK = 1 << 22  # bytes decompressed at a time when a .nii.gz is checked: its data is counted, never held
 
 
 class Converted(NamedTuple):
@@ -82,6 +86,85 @@ def load_volume(path: Path, what: str) -> nib.Nifti1Image:
     if len(shape) != 3:
         raise ValueError(f"{what} {path} has shape {img.shape}; expected a 3-D volume (rows, columns, slices)")
     return img
+
+
+def incomplete_data(path: Path) -> str | None:
+    """Why a NIfTI file's voxel data is incomplete, or None when it holds every byte its header promises (offset +
+    shape x data type): the converters read headers only, so a truncated copy would pass into the manifest and fail
+    only when training reads its slices.
+
+    An uncompressed ``.nii`` is checked by its size (no data read). A ``.nii.gz`` is decompressed once, counted and
+    thrown away (a gzip stream gives its true length only at its end: the 4-byte length of its trailer is exactly what
+    a truncated copy lacks); about 0.05 s a 512 x 512 x 32 int16 CT.
+    """
+    try:
+        header = nib.load(path).header
+    except Exception as e:  # nibabel raises many types for a file cut inside its header
+        return f"not a readable NIfTI file ({type(e).__name__}: {e})"
+    expected = int(header.get_data_offset()) + int(np.prod(header.get_data_shape())) * header.get_data_dtype().itemsize
+    if not path.name.lower().endswith(".gz"):
+        size = path.stat().st_size
+        if size >= expected:
+            return None
+        return f"truncated: {size:,} of the {expected:,} bytes its header's shape and data type need"
+    try:
+        size, ended = _gzip_length(path)
+    except zlib.error as e:
+        return f"corrupt: its gzip stream cannot be decompressed ({e})"
+    if size < expected:
+        cut = "is cut" if not ended else "ends"
+        return f"truncated: its gzip stream {cut} after {size:,} of the {expected:,} bytes its header needs"
+    if not ended:
+        return f"truncated: its gzip stream is cut after the {expected:,} bytes its header needs, before its end"
+    return None
+
+
+def _gzip_length(path: Path) -> tuple[int, bool]:
+    """The bytes a gzip file decompresses to, counted a bounded piece at a time (a mask of zeros grows 1000-fold), and
+    whether its last stream ended (False: the file was cut); a file of several gzip members is read through."""
+    size, decompressor = 0, zlib.decompressobj(wbits=31)  # 31: a gzip header and trailer
+    with open(path, "rb") as file:
+        while data := file.read(_CHUNK):
+            while data.strip(b"\0") if decompressor.eof else data:  # zeros after a member: padding, as gzip reads it
+                if decompressor.eof:  # another member follows the one that ended
+                    decompressor = zlib.decompressobj(wbits=31)
+                size += len(decompressor.decompress(data, _CHUNK))
+                data = decompressor.unused_data if decompressor.eof else decompressor.unconsumed_tail
+    return size, decompressor.eof
+
+
+def complete_volumes(paths: Sequence[Path], *, on_missing: str, what: str, left_out: list[tuple[str, str]]) -> bool:
+    """Whether every volume of one case (its CT, its label volume) holds all its voxel data (:func:`incomplete_data`).
+    A case with an incomplete one is handled as a case whose files are missing: ``on_missing="raise"`` refuses it,
+    "skip" leaves it out, each incomplete file and its reason added to ``left_out`` (:data:`LEFT_OUT`'s rows).
+
+    Raises:
+        ValueError: with ``on_missing="raise"``, naming the file and why.
+    """
+    faults = [(path, reason) for path in paths if (reason := incomplete_data(path)) is not None]
+    if faults and on_missing == "raise":
+        path, reason = faults[0]
+        raise ValueError(
+            f"{what}: {path} is {reason}; expected a complete volume (copy it again, or on_missing='skip' leaves its"
+            " case out)"
+        )
+    left_out += [(str(path), reason) for path, reason in faults]
+    return not faults
+
+
+def left_out_note(left_out: list[tuple[str, str]], out: DatasetOutput) -> list[str]:
+    """The incomplete volumes ``left_out`` (:func:`complete_volumes`) in one note, and their table (``file``,
+    ``reason``) added beside the manifest (``OUT.left_out.csv``); no note without any."""
+    if not left_out:
+        return []
+    out.add_table(LEFT_OUT, pd.DataFrame(left_out, columns=list(LEFT_OUT_COLUMNS)))
+    shown = ", ".join(f"{Path(f).name} ({reason.split(':')[0]})" for f, reason in left_out[:5])
+    more = f" and {len(left_out) - 5} more" if len(left_out) > 5 else ""
+    return count_note(
+        len(left_out),
+        f"volume(s) with incomplete voxel data, their scans left out: {shown}{more} (each with its reason in"
+        f" {out.stem}.{LEFT_OUT}.csv beside the manifest)",
+    )
 
 
 def read_labels(img: nib.Nifti1Image, path: Path, ct: nib.Nifti1Image, ct_path: Path, what: str) -> np.ndarray:

@@ -259,6 +259,34 @@ def nifti_scan(path: str | os.PathLike) -> Scan:
 # ---------------------------------------------------------------------------------------------------- discovery
 
 
+def shown_path(path: str | os.PathLike) -> str:
+    """A path as a message or a CSV can hold it: a byte of its name that is not UTF-8 (which Python holds as a lone
+    surrogate, ``\\udcff``, and no UTF-8 text can encode) written as an escape (``\\xff``), the rest as it is."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def check_utf8_names(paths: list[str | os.PathLike]) -> None:
+    """Refuse paths whose names are not UTF-8: the manifest and predict's CSVs are UTF-8 text, so such a file could
+    be read but never listed; found here, before any slice is read, instead of as an encoding error naming no file.
+
+    Raises:
+        ValueError: naming the first such paths (their bad bytes escaped) and what to do.
+    """
+    bad = []
+    for path in paths:
+        try:
+            str(path).encode("utf-8")
+        except UnicodeEncodeError:
+            bad.append(shown_path(path))
+    if bad:
+        more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+        raise ValueError(
+            f"{', '.join(bad[:3])}{more}: a name that is not UTF-8 (its bytes shown as \\x..), which a manifest and"
+            " predictions.csv (UTF-8 CSV files) cannot list; rename to UTF-8 (e.g. `convmv -f latin1 -t utf-8 -r"
+            " --notest FOLDER`)"
+        )
+
+
 def find_scans(paths: list[str | os.PathLike] | str | os.PathLike) -> tuple[list[Scan], list[Skipped]]:
     """Every scan under ``paths``: DICOM folders (one series, or a tree of studies and series), DICOM files and
     NIfTI volumes (``.nii``, ``.nii.gz``). Linked folders and files are followed, each file read once (a loop of
@@ -268,7 +296,8 @@ def find_scans(paths: list[str | os.PathLike] | str | os.PathLike) -> tuple[list
         The scans (DICOM series by SeriesInstanceUID, then NIfTI files, each in path order) and the files left out.
 
     Raises:
-        ValueError: a path that does not exist, or paths that hold no CT scan at all (with what was skipped).
+        ValueError: a path that does not exist, a file whose name is not UTF-8 (:func:`check_utf8_names`), or paths
+            that hold no CT scan at all (with what was skipped).
     """
     paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     if not paths:
@@ -279,17 +308,21 @@ def find_scans(paths: list[str | os.PathLike] | str | os.PathLike) -> tuple[list
     for given in paths:
         root = Path(os.path.abspath(Path(given).expanduser()))  # absolute and normalised, as a manifest's paths
         if not root.exists():
-            raise ValueError(f"scan path {root} does not exist; expected a DICOM folder or a NIfTI file")
+            raise ValueError(f"scan path {shown_path(root)} does not exist; expected a DICOM folder or a NIfTI file")
+        check_utf8_names([root])  # a folder given by its name: its files are not named one by one
         files, problems = archive_files(root, seen)
-        skipped += [Skipped(path, reason) for path, reason in problems]
+        skipped += [Skipped(shown_path(path), reason) for path, reason in problems]  # listed in UTF-8 CSVs
         for path in files:
             if path.name.lower().endswith(NIFTI_SUFFIXES):
                 niftis.append(nifti_scan(path))
                 continue
             slices, left_out = _read_slices(path)
-            skipped += left_out
+            skipped += [Skipped(shown_path(s.path), s.reason) for s in left_out]
             for s in slices:
                 by_series[str(s.header.SeriesInstanceUID)].append(s)
+    # Only the files that become slices must be listed by name: another file is skipped, its name escaped
+    check_utf8_names(list(dict.fromkeys([*(s.path for series in by_series.values() for s in series),
+                                         *(n.source for n in niftis)])))  # fmt: skip
     scans = []
     for uid in sorted(by_series, key=lambda u: min(s.path for s in by_series[u])):
         scan, left_out = _series_scan(uid, by_series[uid])

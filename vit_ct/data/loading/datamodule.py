@@ -29,6 +29,7 @@ from vit_ct.data.loading.distributed import (
 )
 from vit_ct.data.loading.slice_dataset import CTBatch, CTSliceDataset, collate, slice_item
 from vit_ct.data.loading.slice_module import SliceDataModule, Window
+from vit_ct.data.manifests.labels import values_read_as_lesion
 from vit_ct.data.manifests.manifest import (
     assign_splits,
     check_label_range,
@@ -143,6 +144,7 @@ class CTSliceDataModule(SliceDataModule):
         self.bad_rows: list = []
         self.bad_rows_report: Path | None = None  # bad_files.csv, written when on_bad_file="skip" left rows out
         self._labelled = False  # whether `table` was read requiring labels
+        self._said: set[str] = set()  # notes on the manifest already said (each setup checks it again)
         self.datasets: dict[str, CTSliceDataset] = {}
 
     @classmethod
@@ -258,6 +260,10 @@ class CTSliceDataModule(SliceDataModule):
         table = self.load_table(require_labels=stage != "predict")
         if num_classes is not None:
             check_label_range(table, num_classes)
+        note = values_read_as_lesion(table) if num_classes == 2 else None
+        if note and note not in self._said:  # once a run, not once a stage
+            self._said.add(note)
+            rank_zero_warn(note)
 
     def report_bad_rows(self, folder: str | Path, *, shown_as: str | Path | None = None) -> Path | None:
         """Write the rows ``on_bad_file="skip"`` left out to ``folder/bad_files.csv``, once, and name it in the log.

@@ -44,6 +44,30 @@ def scan_lesion_labels(table: pd.DataFrame) -> pd.Series | None:
     return pd.Series(positive, index=table.index, dtype="boolean").where(known)
 
 
+def values_read_as_lesion(table: pd.DataFrame) -> str | None:
+    """One line saying what a binary task assumes of a single-label manifest's classes above 1 (in ``label``, or in
+    ``scan_label`` where it stands in for the slice labels): that each is a lesion, by the rule above; None when every
+    value is 0 or 1 (or the table is multi-label, whose columns are 0/1 already).
+
+    A manifest written for a multi-class task (``scan_label`` 2 for, say, a subdural bleed) still trains a binary model:
+    the line says so once, instead of the value passing unnoticed.
+    """
+    if table.attrs.get("label_columns"):
+        return None
+    columns = list(table.attrs.get("scan_labels") or [])  # scan labels: the slice column holds only what they allow
+    if not columns and "label" in table.columns:
+        columns = ["label"]
+    said = []
+    for column in columns:
+        values = sorted({int(v) for v in table[column].dropna() if v > 1})
+        if values:
+            shown = ", ".join(map(str, values[:5])) + (f" and {len(values) - 5} more" if len(values) > 5 else "")
+            said.append(f"{column}: value{'s' * (len(values) > 1)} {shown} read as lesion")
+    if not said:
+        return None
+    return f"manifest {table.attrs.get('manifest', '')}: {'; '.join(said)} (any value > 0 is a lesion in a binary task)"
+
+
 def lesion_rows(table: pd.DataFrame, label_columns: Sequence[str] | None = None) -> np.ndarray:
     """Rows labelled with a lesion (:func:`lesion_labels`; unlabelled rows are not), as a bool array."""
     return lesion_labels(table, label_columns).fillna(False).to_numpy(dtype=bool)

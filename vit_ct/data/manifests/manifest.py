@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -68,6 +69,23 @@ def frame_number(value) -> int | None:
     return None if value is None or pd.isna(value) else int(value)
 
 
+def _not_utf8(path: Path) -> str:
+    """Where a manifest is not UTF-8, by line and with its bad bytes escaped: e.g. a file name in another encoding
+    (``slice\\xff.dcm``), which no UTF-8 CSV can list as it is."""
+    data = path.read_bytes()
+    try:
+        data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:  # over the whole file, so that e.start is a position in it
+        line = data.count(b"\n", 0, e.start) + 1
+        text = data.splitlines()[line - 1].decode("utf-8", "backslashreplace")
+        return (
+            f"manifest {path} is not UTF-8 text: line {line} holds byte(s) of another encoding (shown as \\x..:"
+            f" {text}); a manifest is a UTF-8 CSV, so a file whose name is not UTF-8 cannot be listed as it is: rename"
+            " the file to UTF-8 and the line with it, or save the CSV as UTF-8"
+        )
+    return f"manifest {path} is not UTF-8 text"
+
+
 def _read_rows(path: Path) -> tuple[list[str], list[list[str]], list[int]]:
     """Header, data rows and the CSV line each row starts on; the csv module keeps line numbers exact."""
     try:
@@ -84,7 +102,9 @@ def _read_rows(path: Path) -> tuple[list[str], list[list[str]], list[int]]:
                         rows.append(record)
                         lines.append(start)
                 start = reader.line_num + 1
-    except (UnicodeDecodeError, csv.Error) as e:
+    except UnicodeDecodeError:
+        raise ValueError(_not_utf8(path)) from None
+    except csv.Error as e:
         raise ValueError(f"manifest {path} is not a readable UTF-8 CSV: {e}") from None
     if header is None:
         raise ValueError(f"manifest {path} is empty; expected a CSV with a header row such as image,label,patient_id")
@@ -94,14 +114,18 @@ def _read_rows(path: Path) -> tuple[list[str], list[list[str]], list[int]]:
     return header, rows, lines
 
 
-def _integers(df: pd.DataFrame, column: str, path: Path, *, allowed: str, valid, required: bool) -> pd.Series:
-    """Parse a text column of whole numbers ("3", "3.0"); empty cells are <NA> unless `required`."""
-    values, bad = [], []
+def _integers(
+    df: pd.DataFrame, column: str, path: Path, *, allowed: str, valid, required: bool, blank_note: str = ""
+) -> pd.Series:
+    """Parse a text column of whole numbers ("3", "3.0"); empty cells are <NA> unless `required`, when the error
+    about them ends with `blank_note`."""
+    values, bad, blank = [], [], False
     for text, line in zip(df[column], df["manifest_line"], strict=True):
         if text == "":
             values.append(pd.NA)
             if required:
                 bad.append(line)
+                blank = True
             continue
         try:
             number = float(text)
@@ -115,8 +139,37 @@ def _integers(df: pd.DataFrame, column: str, path: Path, *, allowed: str, valid,
     if bad:
         raise ValueError(
             f"manifest {path}: column '{column}' must hold {allowed}; bad value on lines {list_lines(bad)}"
+            + (blank_note if blank else "")
         )
     return pd.Series(values, index=df.index, dtype="Int64")
+
+
+def _scan_column_unread(df: pd.DataFrame, column: str) -> str:
+    """How a slice-label column and its scan-label column (``label`` / ``scan_label``) combine, said where the slice
+    column has empty cells and the scan column is there too ('' otherwise): the scan labels are not read at all, since
+    they stand in only for a missing slice column; a user who filled ``scan_label`` expects them to fill the gaps."""
+    scan_column = scan_label_column(column)
+    if scan_column not in df.columns:
+        return ""
+    return (
+        f"; '{scan_column}' is there too, but it is not read: scan labels stand in for '{column}' only where the"
+        f" manifest has no '{column}' column, never for its empty cells (fill every row's '{column}', or remove the"
+        f" '{column}' column to train from '{scan_column}', one label per scan)"
+    )
+
+
+def _warn_unread_scan_column(df: pd.DataFrame, column: str, path: Path) -> None:
+    """Where unlabelled rows are allowed (predict, report): one warning that the empty cells of ``column`` stay
+    unlabelled although its scan-label column is there (:func:`_scan_column_unread`)."""
+    scan_column = scan_label_column(column)
+    empty = df.loc[df[column].isna(), "manifest_line"].tolist()
+    if empty and scan_column in df.columns:
+        warnings.warn(
+            f"manifest {path}: '{column}' is empty on lines {list_lines(empty)}, which are read as unlabelled;"
+            f" '{scan_column}' is there too, but scan labels stand in for '{column}' only where the manifest has no"
+            f" '{column}' column, never for its empty cells",
+            stacklevel=3,
+        )
 
 
 def _spacings(df: pd.DataFrame, path: Path) -> pd.Series:
@@ -214,8 +267,10 @@ def read_manifest(
     if label_columns is None:
         if "label" in df.columns:
             df["label"] = _integers(
-                df, "label", path, allowed="integers >= 0", valid=lambda v: v >= 0, required=require_labels
-            )
+                df, "label", path, allowed="integers >= 0", valid=lambda v: v >= 0, required=require_labels,
+                blank_note=_scan_column_unread(df, "label"),
+            )  # fmt: skip
+            _warn_unread_scan_column(df, "label", path)
         elif SCAN_LABEL in df.columns:
             scan_pairs.append(("label", SCAN_LABEL))
         elif require_labels:
@@ -232,8 +287,10 @@ def read_manifest(
                 continue
             need(column, f"(named in label_columns; or {scan_label_column(column)}, one label per scan)")
             df[column] = _integers(
-                df, column, path, allowed="0 or 1", valid=lambda v: v in (0, 1), required=require_labels
-            )
+                df, column, path, allowed="0 or 1", valid=lambda v: v in (0, 1), required=require_labels,
+                blank_note=_scan_column_unread(df, column),
+            )  # fmt: skip
+            _warn_unread_scan_column(df, column, path)
 
     if "mask" in df.columns:
         df["mask_ref"] = _blank_to_none(df["mask"])
