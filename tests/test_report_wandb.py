@@ -22,7 +22,8 @@ from vit_ct.run.wandb_runs import wandb_dir
 def fit_run_folder(root: Path) -> Path:
     """``root/runs/vit-ct/<run id>/`` as ``vit-ct fit`` leaves it, made by the functions fit makes it with (its W&B
     logger offline, ``run_dir``, ``write_summary``, which links ``runs/latest``) without training: one logged value,
-    a checkpoint file. Returns ``runs/latest``."""
+    a checkpoint file; W&B torn down as the fit's process ends (see :func:`end_wandb_service`). Returns
+    ``runs/latest``."""
     logger = WandbLogger(save_dir=str(root / "runs"), project="vit-ct", offline=True)
     trainer = quiet_trainer(logger=logger)
     try:
@@ -36,7 +37,17 @@ def fit_run_folder(root: Path) -> Path:
         write_summary(trainer, summary)
     finally:
         logger.experiment.finish()
+        end_wandb_service()
     return root / "runs" / "latest"
+
+
+def end_wandb_service() -> None:
+    """What the end of a ``vit-ct`` process does (W&B's atexit hook): wait for W&B's service process to finish writing
+    its runs' files, and stop it. ``run.finish()`` returns while the service may still be writing the run's file and
+    its ``logs/debug-internal.log`` (seen: a fit folder's files changing after they were snapshotted, the notebook's
+    run file read before its history row was in it), and a fit's run id still open in the service when the report
+    resumes it would make the two sessions depend on how quickly the service closes the first."""
+    wandb.teardown()
 
 
 def files_of(folder: Path) -> dict[str, tuple[bytes, int]]:
@@ -58,6 +69,7 @@ def test_the_report_reaches_the_fits_wandb_run(tmp_path, capsys):
         notebook.log({"after_the_report": 1})  # still active, and not logged into: the report had its own session
     finally:
         notebook.finish()
+        end_wandb_service()  # the notebook's and the report's run files complete before they are read
     assert f"W&B run {run_id}" in capsys.readouterr().out
     (notebook_file,) = (tmp_path / "wandb").glob("offline-run-*-notebook1/run-notebook1.wandb")
     (logged,), _ = history_and_config(notebook_file)
