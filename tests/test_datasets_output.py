@@ -33,7 +33,7 @@ def test_overwrite_replaces_the_manifest_and_its_masks_together_and_bad_input_ke
     with pytest.raises(ValueError, match="already exist"):
         write_dataset_manifest("bhsd", second, out, progress=False)
     (second / "ground truths" / "ID_00000002_ID_0000000002.nii.gz").write_bytes(b"not a NIfTI file")
-    with pytest.raises(ValueError, match=r"ID_00000002_ID_0000000002\.nii\.gz: not a readable NIfTI file"):
+    with pytest.raises(ValueError, match=r"ID_00000002_ID_0000000002\.nii\.gz is not a readable NIfTI file"):
         write_dataset_manifest("bhsd", second, out, progress=False, overwrite=True)
     assert out.read_bytes() == before and (out.parent / "bhsd_masks").is_dir()  # the earlier output, intact
 
