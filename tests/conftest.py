@@ -51,6 +51,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def tiny_checkpoint_file(path: Path) -> Path:
+    """A checkpoint of a tiny untrained ViTClassifier (seed 0, 32 x 32, one channel), saved as fit saves one."""
+    import torch
+
+    from vit_ct import ViTClassifier
+
+    torch.manual_seed(0)
+    trainer = quiet_trainer()
+    trainer.strategy.connect(ViTClassifier(**DEMO_LEVERS, embed_dim=32, depth=2, num_heads=2, img_size=32, in_chans=1))
+    trainer.save_checkpoint(path)
+    return path
+
+
 def quiet_trainer(**overrides):
     """A Lightning ``Trainer`` for a test in this process: on CPU, with no logger, checkpoint callback, progress bar or
     model summary; ``overrides`` are what the test sets itself (epochs, batches, callbacks, or any of these back on)."""

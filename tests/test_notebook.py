@@ -14,7 +14,7 @@ import nbformat
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import TINY_MODEL_ARGS, run_vit_ct, tiny_data_args
+from conftest import TINY_MODEL_ARGS, run_vit_ct, tiny_checkpoint_file, tiny_data_args
 from PIL import Image
 from predict_outputs import fake_predict_output
 from sklearn.metrics import roc_auc_score
@@ -132,23 +132,9 @@ def test_a_cell_past_its_timeout_stops_the_run_and_the_cells_before_it_are_kept(
         raise CellTimeoutError("A cell timed out while it was being executed, after 3 seconds.")
 
     monkeypatch.setattr(review_notebook, "execute_notebook", stuck)
-    tiny_checkpoint(tmp_path / "model.ckpt")  # the command reads the checkpoint before any cell runs
+    tiny_checkpoint_file(tmp_path / "model.ckpt")  # the command reads the checkpoint before any cell runs
     with pytest.raises(SystemExit, match="ran longer than --cell_timeout 3 s.*cells before it are in"):
         review_notebook.main(["--output_dir", "out2", "--cell_timeout", "3", "--ckpt_path", "model.ckpt"])
-
-
-def tiny_checkpoint(path: Path) -> Path:
-    """A checkpoint of a tiny untrained ViTClassifier, saved as fit saves one."""
-    import torch
-    from conftest import DEMO_LEVERS, quiet_trainer
-
-    from vit_ct import ViTClassifier
-
-    torch.manual_seed(0)
-    trainer = quiet_trainer()
-    trainer.strategy.connect(ViTClassifier(**DEMO_LEVERS, embed_dim=32, depth=2, num_heads=2, img_size=32, in_chans=1))
-    trainer.save_checkpoint(path)
-    return path
 
 
 def test_every_notebook_parameter_is_an_option_of_the_headless_review(capsys):

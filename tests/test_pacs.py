@@ -258,19 +258,13 @@ def test_the_round_trip_stores_every_dicom_object_predict_wrote_into_the_study(o
     ``OUT/predict/dicom/`` stored into the source study and read back from the server as it was written."""
     if not predict_has_dicom_out():
         pytest.skip("vit-ct predict has no --dicom_out yet (the DICOM objects of issue 41 land on another branch)")
-    import torch
-    from conftest import DEMO_LEVERS, quiet_trainer
-
-    from vit_ct import ViTClassifier
+    from conftest import tiny_checkpoint_file
 
     files = write_study(tmp_path / "study", "pacs-0006", n_slices=4)
     study = pydicom.dcmread(files[0]).StudyInstanceUID
     server = Server(orthanc)
     assert len(store_files(server, files).stored) == 4
-    torch.manual_seed(0)
-    trainer = quiet_trainer()
-    trainer.strategy.connect(ViTClassifier(**DEMO_LEVERS, embed_dim=32, depth=2, num_heads=2, img_size=32, in_chans=1))
-    trainer.save_checkpoint(tmp_path / "tiny.ckpt")
+    tiny_checkpoint_file(tmp_path / "tiny.ckpt")
 
     out = tmp_path / "out"
     run = subprocess.run(

@@ -121,20 +121,14 @@ def test_a_timeout_of_zero_or_less_is_refused_when_the_options_are_read(value, t
 def test_a_signal_during_predict_ends_pacs_in_one_line_with_nothing_stored(orthanc, tmp_path, group, signum):  # noqa: F811
     """``vit-ct pacs`` interrupted while its predict runs: predict's own line, then one of pacs', no traceback, the exit
     status of the signal, and nothing stored at the server."""
-    import torch
-    from conftest import DEMO_LEVERS, quiet_trainer
+    from conftest import tiny_checkpoint_file
     from test_interrupts import PAUSE, _run, _terminate_when_ready
-
-    from vit_ct import ViTClassifier
 
     files = write_study(tmp_path / "study", f"pacs-00{20 + int(group)}", n_slices=3)
     study = pydicom.dcmread(files[0]).StudyInstanceUID
     server = Server(orthanc)
     assert len(store_files(server, files).stored) == 3
-    torch.manual_seed(0)
-    trainer = quiet_trainer()
-    trainer.strategy.connect(ViTClassifier(**DEMO_LEVERS, embed_dim=32, depth=2, num_heads=2, img_size=32, in_chans=1))
-    trainer.save_checkpoint(tmp_path / "tiny.ckpt")
+    tiny_checkpoint_file(tmp_path / "tiny.ckpt")
     root = Path(__file__).resolve().parents[1]
     out, ready = tmp_path / "out", tmp_path / "ready"
     args = ["pacs", orthanc, "--study", study, "--ckpt_path", str(tmp_path / "tiny.ckpt"), "--config",
