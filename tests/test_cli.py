@@ -163,8 +163,9 @@ def test_fit_then_predict_through_the_real_command(synthetic_set, tmp_path):
     ceilings = ("rollout", "perfect_patch", "perfect_grid")
     scores = [f"{source}_{name}" for source in ceilings for name in SCORES if name != "hd95_px"]
     where = ["scan", "mask"]  # the slice's scan (patient_id here) and mask, for a review of OUT without the model
-    columns = ["image", "prob", "prob_tta", "label", "rollout", "overlay", *where, *sink, *scores]
+    columns = ["image", "prob", "prob_tta", "label", "rollout", "overlay", *where, "outside_domain", *sink, *scores]
     assert list(table.columns) == columns
+    assert table["outside_domain"].isna().all()  # every simulated slice looks like an axial head CT
     lesion = table["label"] == 1  # every synthetic positive has its mask: scored; negatives are not
     assert table.loc[lesion, "rollout_dice"].between(0, 1).all() and table.loc[~lesion, "rollout_dice"].isna().all()
     assert table.loc[lesion, "perfect_patch_hd95_mm"].ge(0).all()
