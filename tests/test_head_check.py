@@ -3,6 +3,7 @@ flagged in predictions.csv and said in one line; real and simulated head slices 
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pydicom
 import pytest
@@ -30,6 +31,31 @@ def test_simulated_head_slices_at_every_level_are_not_flagged():
     for index in range(3):
         for simulated in simulate_patient(3, index, 12, PhantomConfig(size=128, pixel_spacing_mm=1.8)):
             assert enclosed_share(simulated.hu) > 2 * ENCLOSED_SHARE
+
+
+def _ring(size: int = 128, gap_px: int = 0, inside_hu: float = 30.0) -> np.ndarray:
+    """An elliptic head: soft tissue, a 3-pixel skull with a gap of ``gap_px`` pixels at the top, ``inside_hu``
+    within, air outside."""
+    rows, cols = np.mgrid[:size, :size]
+    r = np.hypot((rows - size / 2) / 0.45, (cols - size / 2) / 0.38) / size
+    hu = np.where(r < 1.0, 1000.0, -1000.0)
+    hu[r < 1.0 - 3 * 2 / (0.83 * size)] = inside_hu
+    hu[: size // 2, size // 2 : size // 2 + gap_px] = np.where(r < 1.0, 40.0, -1000.0)[: size // 2, :gap_px]
+    return hu
+
+
+def test_a_skull_with_a_narrow_gap_still_encloses_the_brain_and_a_wide_opening_does_not():
+    closed = enclosed_share(_ring())
+    assert closed > 2 * ENCLOSED_SHARE
+    assert enclosed_share(_ring(gap_px=2)) == pytest.approx(closed, abs=0.02)  # a suture, partial volume
+    assert enclosed_share(_ring(gap_px=40)) < ENCLOSED_SHARE  # a craniectomy: a third of the skull is gone
+
+
+def test_bone_around_air_is_not_a_head():
+    chest = _ring(inside_hu=-850.0)  # a closed rib cage around lung
+    chest[54:74, 54:74] = 40.0  # the mediastinum
+    assert head_check("chest.npy", chest).startswith("air fills")
+    assert head_check("head.npy", _ring()) == ""
 
 
 def test_a_header_naming_another_body_part_is_flagged(tmp_path):
