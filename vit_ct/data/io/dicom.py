@@ -19,6 +19,7 @@ from vit_ct.data.transforms.windows import AIR_HU
 
 _MONOCHROME = ("MONOCHROME1", "MONOCHROME2")
 CT_MODALITIES = ("CT",)  # DICOM Modality values whose rescaled values are Hounsfield units
+MEDIA_DIRECTORY = "1.2.840.10008.1.3.10"  # the SOP class of a DICOMDIR, an export's index of its files
 
 
 def read_dicom(path: Path) -> Dataset:
@@ -41,7 +42,7 @@ def read_dicom(path: Path) -> Dataset:
         if len(ds) == 0 or ("Rows" in ds and "Columns" in ds):  # a header whose image never came
             raise UnreadableFileError(path, "DICOM has an image header but no pixel data: file truncated?")
         raise UnreadableFileError(
-            path, f"DICOM has no pixel data (SOP class: {_sop_name(ds)}): not an image, or the file is truncated"
+            path, f"DICOM has no pixel data (SOP class: {sop_name(ds)}): not an image, or the file is truncated"
         )
     if "Rows" not in ds or "Columns" not in ds or not ds.Rows or not ds.Columns:
         raise UnreadableFileError(path, "DICOM header lacks Rows/Columns")
@@ -69,7 +70,8 @@ def _has_pixels(ds: Dataset) -> bool:
     return any(k in ds for k in ("PixelData", "FloatPixelData", "DoubleFloatPixelData"))
 
 
-def _sop_name(ds: Dataset) -> str:
+def sop_name(ds: Dataset) -> str:
+    """The object's SOP class by name (a DICOMDIR has only its file meta's), or "unknown"."""
     uid = ds.get("SOPClassUID") or getattr(ds, "file_meta", {}).get("MediaStorageSOPClassUID")
     return uid.name if uid is not None else "unknown"
 
@@ -161,7 +163,7 @@ def check_values_are_hu(
         what = f"Modality {modality}" if modality else "no Modality"
         raise UnreadableFileError(
             path,
-            f"DICOM has {what} ({_sop_name(ds)}), expected {'/'.join(modalities)}: its values are not Hounsfield"
+            f"DICOM has {what} ({sop_name(ds)}), expected {'/'.join(modalities)}: its values are not Hounsfield"
             " units; to use it anyway, accept its modality (load_ct_slice(..., modalities=...),"
             " --data.init_args.modalities)",
         )

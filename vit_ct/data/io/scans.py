@@ -22,7 +22,7 @@ import pydicom
 from pydicom.dataset import Dataset
 
 from vit_ct.data.io.archive_files import archive_files
-from vit_ct.data.io.dicom import pixel_spacing
+from vit_ct.data.io.dicom import MEDIA_DIRECTORY, pixel_spacing, sop_name
 from vit_ct.data.io.reader import display_shape
 from vit_ct.files import atomic_write, safe_name
 
@@ -91,8 +91,9 @@ def _frame_plane(ds: Dataset, index: int, attribute: str, sequence: str):
 def _header_problem(ds: Dataset) -> str | None:
     """Why a parsed DICOM object is not a CT slice vit-ct can place in a volume, or None."""
     if not any(k in ds for k in ("PixelData", "FloatPixelData", "DoubleFloatPixelData")):
-        sop = ds.get("SOPClassUID")
-        return f"no pixel data ({sop.name if sop is not None else 'unknown SOP class'}): not an image"
+        if getattr(ds, "file_meta", {}).get("MediaStorageSOPClassUID") == MEDIA_DIRECTORY:
+            return "a DICOMDIR: the export's index of its files, which are read themselves"
+        return f"no pixel data ({sop_name(ds)} SOP class): not an image"
     modality = str(ds.get("Modality", "") or "")
     if modality != "CT":
         return f"Modality is {modality or 'missing'}, not CT"
