@@ -20,7 +20,10 @@ from wandb_records import history_and_config
 
 from vit_ct import CTSliceDataModule, ViTClassifier, load_ct_slice
 from vit_ct.cli import main
+from vit_ct.data.io.reader import load_mask
+from vit_ct.explain.overlay import render_overlay
 from vit_ct.metrics.localisation import SCORES
+from vit_ct.predict.writer import OVERLAY_MIN_WIDTH
 from vit_ct.run.hardware import auto_precision
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -186,11 +189,19 @@ def test_fit_then_predict_through_the_real_command(synthetic_set, tmp_path):
     np.testing.assert_allclose(table["prob"].to_numpy()[: len(probs)], probs.numpy(), atol=1e-5)
 
     for _, row in table.iterrows():
-        source = load_ct_slice(test_rows.set_index("image_ref").loc[row["image"], "image"])
+        manifest_row = test_rows.set_index("image_ref").loc[row["image"]]
+        source = load_ct_slice(manifest_row["image"])
         heat = np.load(out / row["rollout"])
         assert heat.dtype == np.float32 and heat.shape == source.shape and (heat >= 0).all() and heat.max() > 0
         overlay = np.asarray(Image.open(out / row["overlay"]))
-        assert overlay.shape == (*source.shape, 3)
+        # the overlay itself, enlarged by a whole factor, then a caption band naming the case below it
+        scale = -(-OVERLAY_MIN_WIDTH // source.shape[1])
+        rows, cols = source.shape[0] * scale, source.shape[1] * scale
+        assert overlay.shape[1:] == (cols, 3) and overlay.shape[0] > rows
+        mask = load_mask(manifest_row["mask"]) if isinstance(manifest_row["mask"], str) else None
+        picture = render_overlay(source, heat, mask)
+        np.testing.assert_array_equal(overlay[:rows], picture.repeat(scale, axis=0).repeat(scale, axis=1))
+        assert (overlay[rows:] == 255).all(axis=-1).any()  # white text on the band
 
 
 def test_predict_and_test_read_the_maps_finer_than_fits_validation_unless_told(capsys):

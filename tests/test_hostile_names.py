@@ -30,7 +30,7 @@ from vit_ct.files import (
     safe_name,
     signals_held,
 )
-from vit_ct.predict.writer import summary_line
+from vit_ct.predict.writer import overlay_caption, summary_line
 
 HOSTILE = ["../../../X", "..", ".", "", "/etc/passwd", "a/b", "a\\b", "name with spaces", "slice\udcff", "é" * 300]
 
@@ -181,6 +181,21 @@ def test_predict_ends_with_a_line_saying_what_it_wrote(tmp_path):
         f"vit-ct predict wrote {out}: 2 slices (predictions.csv, maps/, overlays/); 1 scan (scans.csv); 1 DICOM object"
         " (dicom/); what was left out, with the reasons: skipped.csv"
     )
+
+
+def test_an_overlay_caption_names_its_case_the_model_s_reading_and_a_doubt_about_the_domain():
+    binary = {"image": "PATIENT/2020/HEAD/IM0005", "prob": 0.8234, "label": 1, "scan": "1.2.840.99.7", "slice": 3,
+              "outside_domain": ""}  # fmt: skip
+    assert overlay_caption(binary) == ["1.2.840.99.7 / IM0005 [3]", "P(lesion) 0.823, label 1"]
+    multi = {"image": "a.dcm", "prob_any": 0.9, "prob_subdural": 0.7, "prob_epidural": 0.01, "prob_sah": 0.2,
+             "prob_tta_any": 0.95, "outside_domain": "BodyPartExamined is CHEST"}  # fmt: skip
+    assert overlay_caption(multi) == [
+        "a.dcm",
+        "P(any) 0.90, P(subdural) 0.70, P(sah) 0.20",
+        "not a head CT? BodyPartExamined is CHEST",
+    ]
+    long = overlay_caption({"image": "x" * 30 + "IM0005.dcm", "prob": 0.5, "scan": "s" * 30})[0]
+    assert len(long) == 44 and long.startswith("…") and long.endswith("IM0005.dcm")  # the end tells cases apart
 
 
 def test_manifest_overwrite_replaces_a_manifest_never_another_file(tmp_path, capsys):

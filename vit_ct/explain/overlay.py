@@ -13,6 +13,7 @@ from vit_ct.data.transforms.windows import DISPLAY_WINDOW, window_hu
 from vit_ct.files import atomic_write
 
 CONTOUR_RGB = (0, 255, 0)
+MIN_TEXT_PX = 9  # a caption line longer than its picture is drawn smaller, never below this
 
 
 def normalise_map(heat: np.ndarray) -> np.ndarray:
@@ -57,6 +58,9 @@ def add_caption(rgb: np.ndarray, lines: list[str], *, min_width: int = 384) -> n
     image = Image.fromarray(rgb).resize((rgb.shape[1] * scale, rgb.shape[0] * scale), Image.Resampling.NEAREST)
     size = max(12, image.width // 28)  # px: about 40 characters a line
     font = ImageFont.load_default(size=size)
+    while size > MIN_TEXT_PX and max(font.getlength(line) for line in lines) > image.width - size:  # a long line
+        size -= 1
+        font = ImageFont.load_default(size=size)
     band = (size + size // 2) * len(lines) + size // 2
     canvas = Image.new("RGB", (image.width, image.height + band))
     canvas.paste(image)

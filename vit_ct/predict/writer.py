@@ -21,7 +21,7 @@ from vit_ct.data.io.reader import load_ct_slice, load_mask
 from vit_ct.data.manifests.manifest import manifest_frame
 from vit_ct.data.transforms.grid import to_source_grid
 from vit_ct.data.transforms.windows import DISPLAY_WINDOW
-from vit_ct.explain.overlay import render_overlay, save_png
+from vit_ct.explain.overlay import add_caption, render_overlay, save_png
 from vit_ct.files import (
     atomic_write,
     check_replaceable,
@@ -45,6 +45,37 @@ def _slug(text: str) -> str:
     for suffix in (".gz", ".nii", ".dcm", ".npy"):
         name = name.removesuffix(suffix)
     return safe_name(name, unique=False, fallback="slice")[:80]
+
+
+OVERLAY_MIN_WIDTH = 256  # px: a narrower slice is enlarged by a whole factor so that its caption can be read
+
+
+def overlay_caption(record: dict) -> list[str]:
+    """The lines under a slice's overlay PNG, so that a picture passed on alone still names its case: the scan and
+    the file (and frame), the model's probabilities with the label where known, and why the slice looks outside the
+    model's domain where it does."""
+    where = Path(str(record[PREDICTIONS.image])).name
+    if PREDICTIONS.slice in record:
+        where += f" [{record[PREDICTIONS.slice]}]"
+    if PREDICTIONS.scan in record:
+        where = f"{record[PREDICTIONS.scan]} / {where}"
+    if PREDICTIONS.prob in record:
+        said = f"P(lesion) {record[PREDICTIONS.prob]:.3f}"
+        if PREDICTIONS.label in record:
+            said += f", label {record[PREDICTIONS.label]}"
+    else:  # one prob_<class> per output: the highest first
+        probs = {k.removeprefix("prob_"): v for k, v in record.items() if k.startswith("prob_") and "tta" not in k}
+        said = ", ".join(f"P({k}) {v:.2f}" for k, v in sorted(probs.items(), key=lambda kv: -kv[1])[:3])
+    lines = [_fit(where), _fit(said)]
+    if record.get(PREDICTIONS.outside_domain):
+        lines.append(_fit(f"not a head CT? {record[PREDICTIONS.outside_domain]}"))
+    return lines
+
+
+def _fit(text: str, width: int = 44) -> str:
+    """``text`` cut to ``width`` characters, the cut shown: the end of a long name is the part that tells cases
+    apart, so the start goes."""
+    return text if len(text) <= width else "…" + text[-(width - 1) :]
 
 
 def save_npy(array: np.ndarray, path: Path) -> None:
@@ -212,10 +243,13 @@ class PredictionWriter(BasePredictionWriter):
             hu = load_ct_slice(row["image"], frame=manifest_frame(row), **dataset.read_options)
             outside = head_check(row["image"], hu)
             mask = load_mask(row["mask"], frame=manifest_frame(row)) if isinstance(row.get("mask"), str) else None
-            save_png(render_overlay(hu, heat, mask, window=self.window), self.output_dir / overlay_path)
             files = {PREDICTIONS.rollout: map_path.as_posix(), PREDICTIONS.overlay: overlay_path.as_posix()}
-            self.rows.append(prediction_row(prediction, i, row, pl_module, files=files, scan_key=scan_key,
-                                            outside_domain=outside))  # fmt: skip
+            record = prediction_row(prediction, i, row, pl_module, files=files, scan_key=scan_key,
+                                    outside_domain=outside)  # fmt: skip
+            picture = render_overlay(hu, heat, mask, window=self.window)
+            save_png(add_caption(picture, overlay_caption(record), min_width=OVERLAY_MIN_WIDTH),
+                     self.output_dir / overlay_path)  # fmt: skip
+            self.rows.append(record)
 
     def on_predict_epoch_end(self, trainer, pl_module) -> None:
         partial = self.output_dir / f".predictions.rank{trainer.global_rank}.csv"
