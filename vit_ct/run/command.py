@@ -304,7 +304,8 @@ class VitCTCLI(LightningCLI):
             console.print("[bold]no checkpoint was written[/]: runs/latest does not point at this run")
         kept = ("the last epoch's weights, as checkpoint.monitor null asks" if summary["kept_checkpoint"] ==
                 "final weights" else f"the epoch of the {summary['kept_checkpoint']}")  # fmt: skip
-        rows = [(checkpoint_label(summary), summary["best_checkpoint"], kept),
+        kept_file = summary["best_checkpoint"] or "none written: the last checkpoint holds the final weights"
+        rows = [(checkpoint_label(summary), kept_file, kept),
                 ("last checkpoint", summary["last_checkpoint"], "the latest state, to resume from"),
                 ("run folder", str(folder), "config.yaml, summary.json")]  # fmt: skip
         if summary["wandb_dir"]:
