@@ -22,7 +22,7 @@ from vit_ct.data.manifests.manifest import read_manifest, validate_manifest_file
 def reads(monkeypatch) -> list[str]:
     """The paths the check's loaders open (in this process: the tests pass workers=1)."""
     opened: list[str] = []
-    for name in ("load_ct_slice", "load_mask"):
+    for name in ("read_ct_slice", "load_mask"):
         real = getattr(manifest_files, name)
 
         def spy(path, *args, _real=real, **kwargs):

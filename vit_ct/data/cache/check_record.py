@@ -16,7 +16,8 @@ from typing import NamedTuple
 
 from vit_ct.data.cache.cache_folder import open_or_rebuild, storage_errors
 
-RECORD_VERSION = 1  # bump when what the check accepts changes, so that older verdicts are not trusted
+RECORD_VERSION = 2  # bump when what the check accepts changes, so that older verdicts are not trusted
+# 2: slices carry the reader's note (RSNA's wrapped 12-bit values, read unwrapped since)
 _NO_FRAME = -1  # `frame=None` (a single-slice file) as stored
 
 
@@ -48,6 +49,7 @@ class ImageEntry(NamedTuple):
     shape: tuple[int, int] | None  # rows, columns
     spacing_mm: tuple[float, float] | None  # row, column spacing from the header; None when it gives none
     modality: str | None  # DICOM Modality ("" when none); None for NIfTI and .npy
+    note: str = ""  # what the reader corrected (`read_ct_slice`), "" for nothing
 
 
 class MaskEntry(NamedTuple):
@@ -62,7 +64,7 @@ class MaskEntry(NamedTuple):
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS images (
     path TEXT, frame INTEGER, options TEXT, size INTEGER, mtime_ns INTEGER, reason TEXT, digest TEXT,
-    rows INTEGER, cols INTEGER, spacing_rows REAL, spacing_cols REAL, modality TEXT,
+    rows INTEGER, cols INTEGER, spacing_rows REAL, spacing_cols REAL, modality TEXT, note TEXT,
     PRIMARY KEY (path, frame, options)
 );
 CREATE TABLE IF NOT EXISTS masks (
@@ -118,15 +120,15 @@ class CheckRecord:
     def images(self, read_options: dict) -> dict[tuple[str, int | None], ImageEntry]:
         """Every slice verdict reached with these read options, by (path, frame)."""
         rows = self._db.execute(
-            "SELECT path, frame, size, mtime_ns, reason, digest, rows, cols, spacing_rows, spacing_cols, modality"
-            " FROM images WHERE options = ?",
+            "SELECT path, frame, size, mtime_ns, reason, digest, rows, cols, spacing_rows, spacing_cols, modality,"
+            " note FROM images WHERE options = ?",
             (_options(read_options),),
         )
         return {
             (path, None if frame == _NO_FRAME else frame): ImageEntry(
-                FileStat(size, mtime), reason, digest, _pair(r, c), _pair(sr, sc), modality
+                FileStat(size, mtime), reason, digest, _pair(r, c), _pair(sr, sc), modality, note or ""
             )
-            for path, frame, size, mtime, reason, digest, r, c, sr, sc, modality in rows
+            for path, frame, size, mtime, reason, digest, r, c, sr, sc, modality, note in rows
         }
 
     def masks(self) -> dict[tuple[str, int | None], MaskEntry]:
@@ -152,10 +154,10 @@ class CheckRecord:
         self.added += len(images) + len(masks)
         with storage_errors(self.path.parent), self._db:
             self._db.executemany(
-                "INSERT OR REPLACE INTO images VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT OR REPLACE INTO images VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     (path, _frame(frame), options, *e.file, e.reason, e.digest, *(e.shape or (None, None)),
-                     *(e.spacing_mm or (None, None)), e.modality)
+                     *(e.spacing_mm or (None, None)), e.modality, e.note)
                     for path, frame, e in images
                 ],
             )  # fmt: skip

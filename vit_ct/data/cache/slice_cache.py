@@ -32,6 +32,7 @@ import xxhash
 
 from vit_ct.data.cache.cache_folder import cache_folder, storage_errors
 from vit_ct.data.cache.cache_index import SlotIndex, SlotInfo, SlotKey
+from vit_ct.data.io.reader import READER_VERSION
 from vit_ct.data.transforms.model_input import grid_hu, grid_mask
 
 __all__ = ["CacheSlotError", "SliceCache", "SlotInfo", "SlotKey", "cache_folder"]
@@ -89,7 +90,8 @@ class SliceCache:
     @classmethod
     def for_grid(cls, folder: str | os.PathLike, *, img_size: int, read_options: dict, hu_dtype=HU_DTYPE) -> SliceCache:
         """The cache in a manifest's ``folder`` (`cache_folder`) for this grid, these read options and this dtype."""
-        options = hashlib.blake2b(json.dumps(read_options, sort_keys=True).encode(), digest_size=4).hexdigest()
+        key = {**read_options, "reader": READER_VERSION}  # a slice an older reader cached is read again
+        options = hashlib.blake2b(json.dumps(key, sort_keys=True).encode(), digest_size=4).hexdigest()
         suffix = "" if np.dtype(hu_dtype) == np.float16 else f"-{np.dtype(hu_dtype).name}"
         return cls(Path(folder) / f"grid{img_size}-{options}{suffix}", img_size=img_size, hu_dtype=hu_dtype)
 

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,19 @@ from vit_ct.data.transforms.windows import AIR_HU
 _MONOCHROME = ("MONOCHROME1", "MONOCHROME2")
 CT_MODALITIES = ("CT",)  # DICOM Modality values whose rescaled values are Hounsfield units
 MEDIA_DIRECTORY = "1.2.840.10008.1.3.10"  # the SOP class of a DICOMDIR, an export's index of its files
+# RSNA 2019's known fault: a share of its slices declare unsigned 12-bit values (BitsStored 12, PixelRepresentation 0)
+# and a RescaleIntercept near 0, while their stored values are HU + 1000 modulo 4096 less 1000: air (-1000 HU) is
+# stored as 3096, fat (-100 HU) as 3996, brain (40 HU) as 40. The fix the competition's pipelines apply (Jeremy Howard's
+# Kaggle notebook "Cleaning the data for rapid prototyping", 2019, `fix_pxrepr`; `correct_dcm` in the kernels after
+# it): stored + 1000 modulo 4096, intercept -1000. vit-ct applies it where the header says so and the pixels show it.
+WRAP_PERIOD, WRAP_SHIFT = 4096, 1000  # 12 bits; the offset the wrapped values were stored with
+WRAP_INTERCEPT_ABOVE = -100.0  # an intercept this high cannot give air from unsigned values: the header's half
+WRAP_EVIDENCE = 0.01  # share of the pixels stored at 3096 and above (air and fat once unwrapped): the pixels' half
+UNWRAPPED = "wrapped 12-bit values corrected"  # the note of a slice read so
+NOTES = {  # each note the reader gives, said in full once a run
+    UNWRAPPED: "RSNA 2019's known fault: unsigned 12-bit values with RescaleIntercept above -100 that store air as"
+    " 3096; read as (stored + 1000) mod 4096 - 1000 HU",
+}
 
 
 def read_dicom(path: Path) -> Dataset:
@@ -181,6 +195,25 @@ def check_values_are_hu(
         )
 
 
+def _wrapped_12_bit(path: Path, ds: Dataset, stored: np.ndarray, rescale: tuple[float, float] | None) -> bool:
+    """Whether the slice has RSNA's wrapped 12-bit values (:data:`WRAP_PERIOD`): the header's pattern (unsigned
+    12-bit, an intercept above :data:`WRAP_INTERCEPT_ABOVE`) and the pixels' (at least :data:`WRAP_EVIDENCE` of them
+    stored where air and fat wrap to). Refused by name where the header has the pattern and a few pixels lie there
+    but too few to tell a wrap from metal: its values cannot be trusted either way."""
+    if rescale is None or ds.get("BitsStored") != 12 or ds.get("PixelRepresentation", 0) != 0:
+        return False
+    if rescale[1] <= WRAP_INTERCEPT_ABOVE or not np.issubdtype(stored.dtype, np.integer) or stored.size == 0:
+        return False
+    share = float((stored >= WRAP_PERIOD - WRAP_SHIFT).mean())
+    if 0 < share < WRAP_EVIDENCE:
+        raise UnreadableFileError(
+            path, f"unsigned 12-bit values with RescaleIntercept {rescale[1]:g} (no air can be stored so) and"
+            f" {share:.2%} of the pixels stored at {WRAP_PERIOD - WRAP_SHIFT} or above: too few to read as RSNA's"
+            f" wrapped air, too many for metal; its Hounsfield units cannot be trusted"
+        )  # fmt: skip
+    return share >= WRAP_EVIDENCE
+
+
 def load_dicom(
     path: Path,
     frame: int | None,
@@ -190,6 +223,18 @@ def load_dicom(
 ) -> np.ndarray:
     """(rows, columns) float32 HU of one frame: rescale from the functional groups or the top level (or the modality
     LUT), pixel padding set to air (-1000 HU); refused unless its values are HU (`check_values_are_hu`)."""
+    return read_dicom_hu(path, frame, modalities=modalities, stored_values_are_hu=stored_values_are_hu)[0]
+
+
+def read_dicom_hu(
+    path: Path,
+    frame: int | None,
+    *,
+    modalities: tuple[str, ...] | None = CT_MODALITIES,
+    stored_values_are_hu: bool = False,
+) -> tuple[np.ndarray, str]:
+    """:func:`load_dicom`'s HU and a note of what was corrected on the way ("" for nothing): :data:`UNWRAPPED` for
+    RSNA's wrapped 12-bit slices, read as ``(stored + 1000) mod 4096`` with intercept -1000."""
     ds = read_dicom(path)
     index, n = _dicom_frame(path, ds, frame)
     check_values_are_hu(path, ds, index, modalities=modalities, stored_values_are_hu=stored_values_are_hu)
@@ -202,17 +247,49 @@ def load_dicom(
     if stored.ndim != 2:
         raise UnreadableFileError(path, f"decoded pixel data has shape {stored.shape}, expected (rows, columns)")
     rescale = _rescale(ds, index)
-    if rescale is not None:
+    pad = _padding_mask(ds, stored)
+    note = ""
+    if rescale is not None and _wrapped_12_bit(path, ds, stored if pad is None else stored[~pad], rescale):
+        slope, _ = rescale
+        hu = stored.astype(np.float64) + WRAP_SHIFT
+        hu[hu >= WRAP_PERIOD] -= WRAP_PERIOD  # (stored + 1000) mod 4096: stored values are below 4096 (12 bits)
+        hu = hu * slope - WRAP_SHIFT
+        note = UNWRAPPED
+    elif rescale is not None:
         slope, intercept = rescale
         hu = stored.astype(np.float64) * slope + intercept
     elif ds.get("ModalityLUTSequence"):
         hu = pydicom.pixels.apply_modality_lut(stored, ds).astype(np.float64)
     else:  # no rescale given (and accepted above): stored values are the output values (slope 1, intercept 0)
         hu = stored.astype(np.float64)
-    pad = _padding_mask(ds, stored)
     if pad is not None:
         hu[pad] = AIR_HU
-    return hu.astype(np.float32)
+    return hu.astype(np.float32), note
+
+
+def pixel_bytes_problem(path: Path) -> str | None:
+    """Why a DICOM file's pixel data cannot be decoded, from its header and its size (the pixel bytes are not read
+    where they are uncompressed): fewer bytes declared than Rows x Columns x frames x bits need, or a file that ends
+    before them (RSNA 2019's ``ID_6431af929.dcm``). Compressed data is read and its fragments found (`probe_dicom`).
+    None where nothing is wrong."""
+    try:
+        ds = pydicom.dcmread(path, defer_size=256)  # values above 256 bytes stay on disk: their lengths are known
+        raw = ds.get_item("PixelData", keep_deferred=True)
+        syntax = ds.file_meta.get("TransferSyntaxUID") if hasattr(ds, "file_meta") else None
+        if raw is None or syntax is None or syntax.is_encapsulated or raw.length == 0xFFFFFFFF:
+            probe_dicom(path, None if get_nr_frames(ds, warn=False) == 1 else 0)
+            return None
+        expected = get_expected_length(ds, "bytes")
+    except UnreadableFileError as e:
+        return e.reason
+    except Exception as e:  # pydicom raises many exception types on damaged files
+        return f"damaged or truncated DICOM ({type(e).__name__}: {e})"
+    if raw.length < expected:
+        return f"pixel data is truncated ({raw.length} of {expected} bytes declared)"
+    size = os.path.getsize(path)
+    if raw.value_tell + raw.length > size:
+        return f"pixel data is truncated (the file ends {raw.value_tell + raw.length - size} bytes before it does)"
+    return None
 
 
 def probe_dicom(

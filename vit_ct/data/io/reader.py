@@ -16,7 +16,7 @@ import numpy as np
 import pydicom
 from PIL import Image
 
-from vit_ct.data.io.dicom import CT_MODALITIES, load_dicom, pixel_spacing, probe_dicom
+from vit_ct.data.io.dicom import CT_MODALITIES, pixel_spacing, probe_dicom, read_dicom_hu
 from vit_ct.data.io.filecheck import UnreadableFileError, check_file, frame_index
 from vit_ct.data.transforms.windows import AIR_HU
 
@@ -28,12 +28,16 @@ __all__ = [
     "load_mask",
     "probe_ct_slice",
     "probe_mask",
+    "read_ct_slice",
 ]
 
 # A CT slice in HU lies almost wholly between air (-1000) and the top of a 12-bit scanner's range (3071), bar the
 # padding outside the scan circle (-2000, -3024) and metal. Stored values of another modality or a wrong rescale
 # (an RT dose in cGy x 1e6, a slope in the thousands) leave most pixels outside.
 HU_RANGE = (-1100.0, 3100.0)
+# What the reader gives for a file: a change bumps it, so that slices cached by an older reader are read again.
+# 2: RSNA's wrapped 12-bit values read unwrapped.
+READER_VERSION = 2
 HU_RANGE_MIN_FRACTION = 0.5
 
 
@@ -228,17 +232,33 @@ def load_ct_slice(
         (rows, columns) float32 HU, as pydicom's `pixel_array` (rows toward posterior, columns toward patient left
         for axial slices; NIfTI is reoriented to match). DICOM: stored x RescaleSlope + RescaleIntercept, taken from
         the frame's or shared functional groups of enhanced CT, else the top level (slope 1, intercept 0 when absent);
-        PixelPaddingValue (to PixelPaddingRangeLimit) becomes air, -1000 HU. A new, writable array.
+        PixelPaddingValue (to PixelPaddingRangeLimit) becomes air, -1000 HU. RSNA 2019's wrapped 12-bit slices
+        (unsigned 12-bit, RescaleIntercept above -100, values showing air stored as 3096) are read unwrapped
+        (`vit_ct.data.io.dicom.WRAP_PERIOD`). A new, writable array.
 
     Raises:
         UnreadableFileError: a `ValueError` naming the path and the reason (missing, empty, truncated, not DICOM,
             no pixel data, colour, NaN/inf pixels, no pixels, wrong dimensionality, frame out of range, no decoder,
-            a modality other than `modalities`, a CT without rescale, fewer than half of the pixels in -1100..3100).
+            a modality other than `modalities`, a CT without rescale, fewer than half of the pixels in -1100..3100,
+            12-bit values above 4095).
     """
+    return read_ct_slice(path, frame, modalities=modalities, stored_values_are_hu=stored_values_are_hu)[0]
+
+
+def read_ct_slice(
+    path: str | os.PathLike,
+    frame: int | None = None,
+    *,
+    modalities: tuple[str, ...] | None = CT_MODALITIES,
+    stored_values_are_hu: bool = False,
+) -> tuple[np.ndarray, str]:
+    """:func:`load_ct_slice`'s HU and a note of what was corrected while reading ("" for nothing), e.g.
+    :data:`vit_ct.data.io.dicom.UNWRAPPED` for RSNA's wrapped 12-bit slices: what the manifest check counts."""
     p = check_file(path)
     kind = _kind(p)
+    note = ""
     if kind == "dicom":
-        hu = load_dicom(p, frame, modalities=modalities, stored_values_are_hu=stored_values_are_hu)
+        hu, note = read_dicom_hu(p, frame, modalities=modalities, stored_values_are_hu=stored_values_are_hu)
     elif kind == "nifti":
         hu = _load_nifti(p, frame)
     elif kind == "npy":
@@ -249,7 +269,7 @@ def load_ct_slice(
     hu = _finite(p, np.require(hu.astype(np.float32, copy=False), requirements=["C", "W", "O"]))
     if modalities is not None:
         _check_hu_range(p, hu)
-    return hu
+    return hu, note
 
 
 def _dicom_header(path: Path) -> pydicom.Dataset:

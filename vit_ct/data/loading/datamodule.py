@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, Dataset, WeightedRandomSampler
 
 from vit_ct.data.cache.check_record import CheckRecord
 from vit_ct.data.cache.slice_cache import SliceCache, cache_folder
+from vit_ct.data.io.dicom import NOTES
 from vit_ct.data.io.scans import Scan, Skipped, find_scans, scan_table
 from vit_ct.data.loading.distributed import (
     EpochShuffleSampler,
@@ -226,6 +227,7 @@ class CTSliceDataModule(SliceDataModule):
             + (f", {self.slice_cache.written} slices cached" if self.slice_cache is not None else "")
             + f" (verdicts in {self.check_record.path})"
         )
+        say_read_notes(manifest, checked[0])
         return checked
 
     def _scan_rows(self, require_labels: bool) -> pd.DataFrame:
@@ -244,6 +246,7 @@ class CTSliceDataModule(SliceDataModule):
             table["split"] = None
             table.attrs.update(label_columns=None, manifest=None)
             self.table, self.bad_rows = validate_manifest_files(table, on_bad_file=self.on_bad_file)
+            say_read_notes("data.scans", self.table)
         return self.table
 
     def check(self, stage: str, *, num_classes: int | None = None) -> None:
@@ -378,3 +381,9 @@ class CTSliceDataModule(SliceDataModule):
 
     def predict_dataloader(self) -> DataLoader:
         return self._loader(self._dataset(self.predict_split))
+
+
+def say_read_notes(where, checked: pd.DataFrame) -> None:
+    """One line per correction the reader made on the checked rows' slices (``attrs["read_notes"]``)."""
+    for note, count in checked.attrs.get("read_notes", {}).items():
+        rank_zero_info(f"{where}: {count} slice{'s' * (count != 1)} with {note} ({NOTES.get(note, '')})")

@@ -10,6 +10,7 @@ import os
 import shutil
 import time
 import warnings
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -22,7 +23,7 @@ from vit_ct.data.cache.cache_folder import out_of_space_error, storage_errors
 from vit_ct.data.cache.check_record import CheckRecord, FileStat, ImageEntry, MaskEntry, stat_file
 from vit_ct.data.cache.slice_cache import START_SAMPLE, SliceCache, SlotInfo, SlotKey
 from vit_ct.data.io.dicom import CT_MODALITIES
-from vit_ct.data.io.reader import load_ct_slice, load_mask, read_modality, read_pixel_spacing
+from vit_ct.data.io.reader import load_mask, read_ct_slice, read_modality, read_pixel_spacing
 from vit_ct.data.manifests.check_workers import available_cpus, run_jobs
 from vit_ct.data.manifests.duplicates import check_duplicate_images, file_digest
 from vit_ct.data.manifests.labels import lesion_rows
@@ -65,13 +66,13 @@ def _read_image(job: _Job, read: dict) -> tuple[ImageEntry, np.ndarray | None]:
     NIfTI, values that are not HU) is found now; and hashes the file."""
     file = job.image_file or FileStat(-1, -1)
     try:
-        hu = load_ct_slice(job.image, job.frame, **read)
+        hu, note = read_ct_slice(job.image, job.frame, **read)
         digest = file_digest(job.image)
         spacing = read_pixel_spacing(job.image, job.frame)
         modality = read_modality(job.image) if read["modalities"] != CT_MODALITIES else None
     except Exception as e:
         return ImageEntry(file, _reason(e), None, None, None, None), None
-    return ImageEntry(file, None, digest, hu.shape, spacing, modality), hu
+    return ImageEntry(file, None, digest, hu.shape, spacing, modality, note), hu
 
 
 def _read_mask(job: _Job) -> tuple[MaskEntry, np.ndarray | None]:
@@ -151,7 +152,8 @@ def validate_manifest_files(
 
     Returns:
         The good rows (index kept) with an `image_digest` column (the hash of the image file's bytes), and
-        `cache_slot` (the row's slot) with a ``cache``; and the list of problems found, one `BadFile` per problem.
+        `cache_slot` (the row's slot) with a ``cache``, and in ``attrs["read_notes"]`` how many of their slices the
+        reader corrected, by note (`read_ct_slice`); and the list of problems found, one `BadFile` per problem.
 
     Raises:
         ValueError: with `on_bad_file="raise"` when any file is unusable: every bad row with its CSV line, path
@@ -191,6 +193,9 @@ def validate_manifest_files(
     if cache is not None:
         columns["cache_slot"] = slots
     good = df.assign(**columns)[keep]
+    # what the reader corrected, by note, over the slices kept: said once by the run (`corrections_line`)
+    notes = {rows[i][:2]: entries[i][0].note for i in np.flatnonzero(keep) if entries[i][0].note}  # by slice
+    good.attrs["read_notes"] = dict(Counter(notes.values()))
     where = f"manifest {df.attrs.get('manifest', '')}".rstrip()
     if read["modalities"] != CT_MODALITIES:
         _warn_other_modalities(
