@@ -127,3 +127,19 @@ def test_bad_folders_and_tables_are_refused_by_name(ctich_root, tmp_path):
     shutil.rmtree(ctich_root / "masks")
     with pytest.raises(ValueError, match="lacks masks"):
         write_dataset_manifest("ctich", ctich_root, tmp_path / "m.csv", progress=False)
+
+
+def test_physionets_wget_tree_is_read_from_the_folder_wget_ran_in_and_two_copies_are_named(ctich_root, tmp_path):
+    """`wget -r -N -c -np https://physionet.org/files/ct-ich/1.3.1/` (PhysioNet's own command) lays the set out as
+    physionet.org/files/ct-ich/1.3.1/ below the folder it ran in: found from there."""
+    downloads = tmp_path / "downloads"
+    tree = downloads / "physionet.org" / "files" / "ct-ich" / "1.3.1"
+    tree.parent.mkdir(parents=True)
+    shutil.copytree(ctich_root, tree)
+    written = write_dataset_manifest("ctich", downloads, tmp_path / "m.csv", progress=False)
+    assert set(written.table["scan"]) == {"CT-ICH-049", "CT-ICH-050", "CT-ICH-066"}
+    assert all((tmp_path / image).is_relative_to(tree) for image in written.table["image"])  # beside m.csv
+    shutil.copytree(ctich_root, downloads / "an older copy")
+    with pytest.raises(ValueError, match=r"2 folders under .*downloads hold ct_scans and masks and .*an older copy;"
+                       r" .*1\.3\.1; pass the one to read"):  # fmt: skip
+        write_dataset_manifest("ctich", downloads, tmp_path / "n.csv", progress=False)

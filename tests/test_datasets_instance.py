@@ -63,8 +63,14 @@ def test_a_case_without_its_label_volume_is_named(instance_root, tmp_path):
         write_dataset_manifest("instance", instance_root, tmp_path / "m.csv", progress=False)
     written = write_dataset_manifest("instance", instance_root, tmp_path / "m.csv", progress=False, on_missing="skip")
     assert set(written.table["scan"]) == {"INSTANCE-001", "INSTANCE-017"}
-    with pytest.raises(ValueError, match=r"lacks data, label; expected data/NNN\.nii\.gz and label/NNN\.nii\.gz"):
-        write_dataset_manifest("instance", tmp_path, tmp_path / "n.csv", progress=False)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(
+        ValueError, match=r"lacks data, label, and no folder .* holds data and label; expected data/NNN"
+    ):
+        write_dataset_manifest("instance", tmp_path / "empty", tmp_path / "n.csv", progress=False)
+    # from a folder further up, as a download tree leaves it: the one folder holding data/ and label/ is read
+    above = write_dataset_manifest("instance", tmp_path, tmp_path / "n.csv", progress=False, on_missing="skip")
+    assert set(above.table["scan"]) == {"INSTANCE-001", "INSTANCE-017"}
     with pytest.raises(ValueError, match=r"instance has no option\(s\) \['min_thickness_mm'\]"):
         write_dataset_manifest("instance", instance_root, tmp_path / "n.csv", min_thickness_mm=3)
 

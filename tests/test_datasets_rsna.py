@@ -39,7 +39,7 @@ def test_the_kaggle_folder_gives_the_rsna_manifest_and_label(kaggle_root, tmp_pa
 
 
 def test_a_folder_without_the_kaggle_files_is_named(kaggle_root, tmp_path):
-    expected = r"stage_1_train\.csv, .*/images not found; expected stage_1_train\.csv and images/"
+    expected = r"lacks stage_1_train\.csv, images, and no folder .* holds stage_1_train\.csv and images; expected"
     with pytest.raises(ValueError, match=expected):
         write_dataset_manifest("rsna", kaggle_root, tmp_path / "m.csv", labels_csv="stage_1_train.csv", images="images")
     options = dataset_info("rsna").options()

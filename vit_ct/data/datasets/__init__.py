@@ -49,7 +49,7 @@ DATASETS = {
         DatasetInfo(
             "cq500", "CQ500 (qure.ai)", "scan labels from 2 of 3 readers, subtypes; one series per study",
             "reads.csv and the CQ500CT<N> CQ500CT<N>/Unknown Study/CT <series>/ folders", "CC BY-NC-SA 4.0",
-            "http://headctstudy.qure.ai/dataset", cq500.convert, tables=("series",),
+            "https://www.kaggle.com/datasets/crawford/qureai-headct", cq500.convert, tables=("series", LEFT_OUT),
         ),
         DatasetInfo(
             "ctich", "PhysioNet CT-ICH v1.3.1", "slice labels and subtypes from the diagnosis CSV; masks",
@@ -69,6 +69,7 @@ DATASETS = {
             "rsna", "RSNA 2019 Intracranial Hemorrhage Detection", "slice labels: five subtypes, any (= label)",
             "stage_2_train.csv and stage_2_train/", "Kaggle competition terms (non-commercial)",
             "https://www.kaggle.com/competitions/rsna-intracranial-hemorrhage-detection", rsna.convert,
+            tables=(LEFT_OUT,),
         ),
     )
 }  # fmt: skip
@@ -122,9 +123,10 @@ def write_dataset_manifest(
     Datasets (NAME: what ROOT holds -> what the manifest gets; licence):
 
     - ``cq500``: reads.csv and the ``CQ500CT<N> CQ500CT<N>`` folders -> ``scan_label`` and ``scan_<subtype>`` from
-      two of three readers, one series per study (non-contrast, soft kernel, the thinnest >= ``min_thickness_mm``;
-      every series and the choice in ``OUT.series.csv``); CC BY-NC-SA 4.0. Options: ``min_thickness_mm`` (2.5),
-      ``on_missing``.
+      two of three readers, one series per study (non-contrast, soft kernel, the thinnest >= ``min_thickness_mm``,
+      said plain; every series, the choice and why in ``OUT.series.csv``); CC BY-NC-SA 4.0. Options:
+      ``min_thickness_mm`` (2.5), ``on_missing`` ("skip" here: the Kaggle mirror lacks some studies of reads.csv,
+      listed in ``OUT.left_out.csv``).
     - ``ctich``: ct_scans/, masks/, hemorrhage_diagnosis_raw_ct.csv (PhysioNet CT-ICH v1.3.1) -> ``label``,
       subtypes, ``fracture`` per slice, ``mask``; PhysioNet Restricted Health Data License. Options: ``on_missing``,
       ``scan_labels``.

@@ -15,10 +15,12 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pydicom
 from rich.progress import MofNCompleteColumn
 
+from vit_ct.data.io.dicom import pixel_bytes_problem
 from vit_ct.progress import Progress
 
 # Column order of the manifest and of the model outputs.
@@ -72,6 +74,11 @@ def read_rsna_labels(labels_csv: str | os.PathLike) -> pd.DataFrame:
     return wide.astype(int).sort_index()
 
 
+def _slice_header(path: Path) -> tuple[str | None, str | None]:
+    """(PatientID, why its pixel data cannot be decoded or None) of one slice, from its header and size."""
+    return _patient_id(path), pixel_bytes_problem(path)
+
+
 def _patient_id(path: Path) -> str | None:
     """PatientID from the header only (``stop_before_pixels``): a few kB read per file."""
     try:
@@ -100,8 +107,10 @@ def build_rsna_manifest(
         progress: Show a progress bar.
 
     Returns:
-        The manifest: ``image``, the six labels, ``patient_id`` (empty when a header cannot be read, so the
-        manifest check names that file later).
+        The manifest: ``image``, the six labels, ``patient_id``. A slice whose pixel data cannot be decoded (short
+        or cut, as RSNA's ``ID_6431af929.dcm``; `vit_ct.data.io.dicom.pixel_bytes_problem`) is left out, and listed
+        with its reason in ``attrs["left_out"]`` (path, reason): a set's converter knows its set, so a known bad file
+        never stops a run.
 
     Raises:
         ValueError: a malformed labels file, a missing folder, or labelled slices without a DICOM file.
@@ -122,10 +131,11 @@ def build_rsna_manifest(
         Progress(*Progress.get_default_columns(), MofNCompleteColumn(), disable=not progress) as bar,
         ThreadPoolExecutor(max_workers=workers) as pool,
     ):
-        task = bar.add_task("Reading patient ids", total=len(paths))
-        patients = []
-        for patient in pool.map(_patient_id, paths):
+        task = bar.add_task("Reading headers and checking pixel data", total=len(paths))
+        patients, problems = [], []
+        for patient, problem in pool.map(_slice_header, paths):
             patients.append(patient)
+            problems.append(problem)
             bar.advance(task)
     out = Path(out_csv)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -134,6 +144,11 @@ def build_rsna_manifest(
     where = Path(os.path.relpath(where, base)) if where.is_relative_to(base) else where  # relative when below
     images = [(where / f"{sop}.dcm").as_posix() for sop in labels.index]
     manifest = pd.DataFrame({"image": images, **{c: labels[c].to_numpy() for c in RSNA_LABELS}, "patient_id": patients})
+    bad = np.array([problem is not None for problem in problems])
+    manifest = manifest[~bad].reset_index(drop=True)
+    manifest.attrs["left_out"] = [
+        (str(path), problem) for path, problem in zip(paths, problems, strict=True) if problem
+    ]
     manifest.to_csv(out, index=False)
     return manifest
 
@@ -151,6 +166,8 @@ def main(args: list[str] | None = None) -> None:
     manifest = build_rsna_manifest(ns.labels_csv, ns.dicom_dir, ns.out_csv, workers=ns.workers)
     positives = ", ".join(f"{c} {int(manifest[c].sum())}" for c in RSNA_LABELS)
     print(f"wrote {ns.out_csv}: {len(manifest)} slices, {manifest['patient_id'].nunique()} patients; {positives}")
+    for path, reason in manifest.attrs["left_out"]:
+        print(f"  left out {path}: {reason}")
 
 
 if __name__ == "__main__":

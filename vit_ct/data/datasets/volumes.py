@@ -9,8 +9,9 @@ so that `load_mask` turns it to the screen exactly as `load_ct_slice` turns the 
 
 from __future__ import annotations
 
+import os
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -44,20 +45,58 @@ def check_choice(value: str, name: str, choices: Sequence[str]) -> str:
     return value
 
 
+# How far below ROOT a set's folder is looked for: PhysioNet's `wget -r` tree puts CT-ICH 4 levels down
+# (physionet.org/files/ct-ich/1.3.1/), Kaggle's RSNA zip 2 (rsna-intracranial-hemorrhage-detection twice).
+SEARCH_DEPTH = 5
+
+
+def find_folders(root: Path, holds: Callable[[Path], bool], depth: int = SEARCH_DEPTH) -> list[Path]:
+    """The folders at or below ``root`` (down to ``depth`` levels, hidden ones skipped) for which ``holds`` is true,
+    shallowest first; the search does not go below a folder that holds."""
+    found, level = [], [root]
+    for _ in range(depth + 1):
+        below = []
+        for folder in level:
+            if holds(folder):
+                found.append(folder)
+                continue
+            try:
+                with os.scandir(folder) as entries:  # file type from the listing: no stat per file of a big folder
+                    below += sorted(Path(e.path) for e in entries if not e.name.startswith(".") and e.is_dir())
+            except OSError:  # unreadable: nothing found there
+                continue
+        level = below
+    return found
+
+
+def one_folder(found: list[Path], root: Path, what: str, holding: str, layout: str) -> Path:
+    """The one folder of ``found`` (:func:`find_folders`), else a ValueError naming ``root``, what the folder must
+    hold and every match where there are several."""
+    if len(found) == 1:
+        return found[0]
+    if found:
+        listed = "; ".join(str(f) for f in found[:10]) + (f"; and {len(found) - 10} more" if len(found) > 10 else "")
+        raise ValueError(f"{what}: {len(found)} folders under {root} hold {holding}: {listed}; pass the one to read")
+    raise ValueError(
+        f"{what}: neither {root} nor a folder up to {SEARCH_DEPTH} levels below it holds {holding}; expected {layout}"
+    )
+
+
 def dataset_folder(root: Path, entries: Sequence[str], what: str, layout: str) -> Path:
-    """``root`` when it holds every one of ``entries``, else its one subfolder that does (an archive's top folder).
+    """``root`` when it holds every one of ``entries``, else the one folder below it that does (an archive's top
+    folder, a mirror's tree: :func:`find_folders`).
 
     Raises:
-        ValueError: naming ``root``, the entries missing and the ``layout`` expected.
+        ValueError: naming ``root``, the entries and the ``layout`` expected, or every folder that holds them.
     """
-    if all((root / e).exists() for e in entries):
-        return root
-    below = [c for c in sorted(root.iterdir()) if c.is_dir() and all((c / e).exists() for e in entries)]
-    if len(below) == 1:
-        return below[0]
-    missing = [e for e in entries if not (root / e).exists()]
-    also = f" (nor does exactly one subfolder: {len(below)} do)" if below else ""
-    raise ValueError(f"{what}: {root} lacks {', '.join(missing)}{also}; expected {layout} in it or in one subfolder")
+    found = find_folders(root, lambda folder: all((folder / e).exists() for e in entries))
+    if not found:
+        missing = ", ".join(e for e in entries if not (root / e).exists())
+        raise ValueError(
+            f"{what}: {root} lacks {missing}, and no folder up to {SEARCH_DEPTH} levels below it holds"
+            f" {' and '.join(entries)}; expected {layout}"
+        )
+    return one_folder(found, root, what, " and ".join(entries), layout)
 
 
 def nifti_stem(path: Path) -> str | None:
