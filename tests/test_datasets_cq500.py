@@ -14,6 +14,7 @@ from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian, generate_uid
 
 from vit_ct.data.datasets import write_dataset_manifest
+from vit_ct.data.datasets.cq500 import choose_series, study_series
 from vit_ct.data.io.reader import load_ct_slice
 from vit_ct.data.manifests.manifest import read_manifest, validate_manifest_files
 
@@ -138,10 +139,18 @@ def test_one_series_per_study_by_the_rule_and_scan_labels_by_majority(cq500_root
     where = series["folder"].map(lambda f: f.split("/", 1)[0][-1] + Path(f).name)  # study number + series folder
     reasons = dict(zip(where, series["reason"], strict=True))
     assert reasons["1CT 5mm POST CONTRAST"].startswith("post-contrast, soft kernel, 2.5 mm")
-    assert reasons["0CT 5mm"] == "non-contrast, sharp/bone kernel, 5 mm, 12 images"  # by its kernel alone
-    assert reasons["2CT Thin Bone"] == "non-contrast, sharp/bone kernel, 0.625 mm (< 2.5), 20 images"
-    assert reasons["0CT PLAIN THIN"] == "non-contrast, soft kernel, 0.625 mm (< 2.5), 16 images"
+    assert reasons["0CT 5mm"] == "contrast not said, sharp/bone kernel, 5 mm, 12 images"  # by its kernel alone
+    assert reasons["2CT Thin Bone"] == "contrast not said, sharp/bone kernel, 0.625 mm (< 2.5), 20 images"
+    assert reasons["0CT PLAIN THIN"] == "said plain, soft kernel, 0.625 mm (< 2.5), 16 images"
     assert reasons["2CT SCOUT"] == "a localizer" and series[series["reason"] == "a localizer"]["rank"].item() == ""
+    why = dict(zip(where, series["why"], strict=True))  # the key of the rule that decided
+    assert why["0CT Plain"] == "chosen: first by the rule" and why["0CT 5mm"] == "below CT Plain: sharp/bone kernel"
+    assert why["0CT PLAIN THIN"] == "below CT Plain: thinner than 2.5 mm"
+    assert (
+        why["1CT 5mm POST CONTRAST"] == "below CT 2.55mm: post-contrast"
+        and why["1CT 5mm"] == "below CT 2.55mm: thicker"
+    )
+    assert why["3CT 5mm"] == "below CT 5mm-2: fewer images" and why["2CT SCOUT"] == "not a CT image series"
 
     df = read_manifest(out, label_columns=["scan_label"])
     good, bad = validate_manifest_files(df, progress=False, workers=1)
@@ -154,15 +163,31 @@ def test_thinner_slices_when_the_minimum_is_lowered(cq500_root, tmp_path):
     assert [Path(p).parent.name for p in first] == ["CT PLAIN THIN", "CT 2.55mm", "CT Thin Plain", "CT 5mm-2"]
 
 
-def test_a_study_of_the_reads_without_its_folder_is_named(cq500_root, tmp_path):
-    write_reads(cq500_root / "reads.csv", [*SERIES, 4])
+def test_studies_the_mirror_lacks_are_left_out_and_listed_unless_raise_is_asked(cq500_root, tmp_path):
+    """The Kaggle mirror lacks some studies of reads.csv: by default the manifest holds the studies present and
+    OUT.left_out.csv the absent ones; on_missing='raise' stops before anything is written."""
+    write_reads(cq500_root / "reads.csv", [*SERIES, 4, 5])
     with pytest.raises(ValueError, match=r"CQ500-CT-4 \(no folder CQ500CT4 CQ500CT4\).*on_missing='skip'"):
-        write_dataset_manifest("cq500", cq500_root, tmp_path / "m.csv", progress=False)
+        write_dataset_manifest("cq500", cq500_root, tmp_path / "m.csv", progress=False, on_missing="raise")
     assert not (tmp_path / "m.csv").exists()
-    written = write_dataset_manifest("cq500", cq500_root, tmp_path / "m.csv", progress=False, on_missing="skip")
-    assert written.table["scan"].nunique() == 4 and any("CQ500-CT-4" in note for note in written.notes)
+    written = write_dataset_manifest("cq500", cq500_root, tmp_path / "m.csv", progress=False)
+    assert written.table["scan"].nunique() == 4 and tmp_path / "m.left_out.csv" in written.files
+    left_out = pd.read_csv(tmp_path / "m.left_out.csv")
+    assert left_out.to_dict("list") == {
+        "scan": ["CQ500-CT-4", "CQ500-CT-5"],
+        "reason": ["no folder CQ500CT4 CQ500CT4", "no folder CQ500CT5 CQ500CT5"],
+    }
+    assert written.notes[-1].startswith("2 stud(ies) of reads.csv left out: CQ500-CT-4 (no folder CQ500CT4 CQ500CT4)")
+    assert "m.left_out.csv" in written.notes[-1]
     with pytest.raises(ValueError, match=r"m\.csv.* already exist"):
-        write_dataset_manifest("cq500", cq500_root, tmp_path / "m.csv", progress=False, on_missing="skip")
+        write_dataset_manifest("cq500", cq500_root, tmp_path / "m.csv", progress=False)
+    # the mirror's tree: study folders one level down (qct01/...), reads.csv beside them, all below ROOT
+    mirror = tmp_path / "kaggle" / "qureai-headct"
+    (mirror / "qct01").mkdir(parents=True)
+    for folder in sorted(cq500_root.iterdir()):
+        folder.rename(mirror / ("qct01" if folder.is_dir() else "") / folder.name)
+    below = write_dataset_manifest("cq500", tmp_path / "kaggle", tmp_path / "k.csv", progress=False)
+    assert below.table["scan"].nunique() == 4
 
 
 def test_bad_reads_and_roots_are_refused_by_name(cq500_root, tmp_path):
@@ -175,7 +200,34 @@ def test_bad_reads_and_roots_are_refused_by_name(cq500_root, tmp_path):
     with pytest.raises(ValueError, match=r"lacks the columns \['R2:SDH'\]"):
         write_dataset_manifest("cq500", cq500_root, tmp_path / "m.csv", progress=False)
     reads.unlink()
-    with pytest.raises(ValueError, match=r"has no reads\.csv; expected it beside the CQ500CT<N> CQ500CT<N> folders"):
+    with pytest.raises(ValueError, match=r"lacks reads\.csv, and no folder .* holds reads\.csv; expected reads\.csv"):
         write_dataset_manifest("cq500", cq500_root, tmp_path / "m.csv", progress=False)
     with pytest.raises(ValueError, match=r"unknown dataset 'cq-5000'; expected one of cq500, ctich, instance, bhsd"):
         write_dataset_manifest("cq-5000", cq500_root, tmp_path / "m.csv")
+
+
+def test_a_study_with_contrast_and_plain_series_of_equal_traits_trains_on_the_plain_one(tmp_path):
+    """CQ500CT183 holds CT C, CT C THIN, CT Plain and CT PLAIN THIN: with equal traits the folder name put CT C
+    first."""
+    study = tmp_path / "CQ500CT183 CQ500CT183" / "Unknown Study"
+    uid = generate_uid()
+    for name, thickness in (("CT C", 5.0), ("CT C THIN", 0.625), ("CT Plain", 5.0), ("CT PLAIN THIN", 0.625)):
+        write_series(study / name, 183, uid, thickness, 12, "H30s", {})
+    candidates = study_series(study.parent)
+    chosen = choose_series(candidates, 2.5, [])
+    assert chosen.folder.name == "CT Plain"
+    why = {s.folder.name: s.why(chosen, 2.5) for s in candidates}
+    assert why == {
+        "CT C": "below CT Plain: post-contrast",
+        "CT C THIN": "below CT Plain: post-contrast",
+        "CT Plain": "chosen: first by the rule",
+        "CT PLAIN THIN": "below CT Plain: thinner than 2.5 mm",
+    }
+    # a description that says nothing loses to one that says plain only where everything else is equal
+    other = tmp_path / "CQ500CT7 CQ500CT7" / "Unknown Study"
+    for name in ("CT 5mm", "CT Plain"):
+        write_series(other / name, 7, uid, 5.0, 12, "H30s", {})
+    candidates = study_series(other.parent)
+    chosen = choose_series(candidates, 2.5, [])
+    assert chosen.folder.name == "CT Plain"
+    assert {s.folder.name: s.why(chosen, 2.5) for s in candidates}["CT 5mm"] == "below CT Plain: plain not said"

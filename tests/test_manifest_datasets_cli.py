@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import nibabel as nib
@@ -67,16 +68,19 @@ def test_help_lists_the_form_every_dataset_and_every_option_as_the_converters_ha
     assert {name: tuple(a for a, n in ALIASES.items() if n == name) for name in DATASETS} == DATASET_NAMES
     for name in [*DATASETS, *ALIASES]:
         assert re.search(rf"[ (]{name}[,). ]", text), name
-    options = {option: default for info in DATASETS.values() for option, default in info.options().items()}
-    assert set(DATASET_OPTIONS) == set(options)
-    for option, default in options.items():
+    defaults = {(name, o): default for name, info in DATASETS.items() for o, default in info.options().items()}
+    assert set(DATASET_OPTIONS) == {option for _, option in defaults}
+    usual = {option: Counter(d for (_, o), d in defaults.items() if o == option).most_common(1)[0][0]
+             for _, option in defaults}  # fmt: skip
+    for (name, option), default in defaults.items():
         takers, settings = DATASET_OPTIONS[option]
         assert takers == tuple(n for n, info in DATASETS.items() if option in info.options()), option
         assert f"--{option}" in text
         if isinstance(default, bool):  # a switch that turns on what the default leaves off
             assert default is False and settings["action"] == "store_true", option
-        else:
-            assert f"(default {default}" in settings["help"] and settings.get("type", str) is type(default), option
+        else:  # the usual default, and a dataset's own where it differs
+            assert f"(default {usual[option]}" in settings["help"] and settings.get("type", str) is type(default)
+            assert default == usual[option] or f"{name}: {default}" in settings["help"], (name, option)
 
 
 def test_a_volume_set_through_the_command_equals_the_library_and_overwrite_is_asked_for(ctich_root, tmp_path):
@@ -111,11 +115,13 @@ def test_a_volume_set_through_the_command_equals_the_library_and_overwrite_is_as
 def test_cq500_end_to_end_with_its_options(cq500_root, tmp_path):
     write_reads(cq500_root / "reads.csv", [*SERIES, 4])  # a study read but not in the archive
     out, reference = tmp_path / "cli" / "cq500.csv", tmp_path / "api" / "cq500.csv"
-    message = refused(manifest("--dataset", "cq500", cq500_root, "--output", out, cwd=tmp_path))
+    message = refused(
+        manifest("--dataset", "cq500", cq500_root, "--output", out, "--on_missing", "raise", cwd=tmp_path)
+    )
     assert "CQ500-CT-4 (no folder CQ500CT4 CQ500CT4)" in message and "skip" in message
     assert not out.parent.exists() or not list(out.parent.iterdir())
 
-    options = ["--on_missing", "skip", "--min_thickness_mm", "0.5"]
+    options = ["--min_thickness_mm", "0.5"]  # on_missing skip: cq500's default
     printed = succeeded(manifest("--dataset", "CQ500", cq500_root, "--output", out, *options, cwd=tmp_path))
     written = write_dataset_manifest("cq500", cq500_root, reference, progress=False, on_missing="skip",
                                      min_thickness_mm=0.5)  # fmt: skip
@@ -126,11 +132,12 @@ def test_cq500_end_to_end_with_its_options(cq500_root, tmp_path):
     # two of three readers in studies 0, 2 and 3
     first = pd.read_csv(out).groupby("scan", sort=False)["image"].first()
     assert [Path(p).parent.name for p in first] == ["CT PLAIN THIN", "CT 2.55mm", "CT Thin Plain", "CT 5mm-2"]
-    assert printed[:2] == [
+    assert printed[:3] == [
         f"wrote {out}: 63 slices of 4 scans, 3 scans with a bleed (CQ500 (qure.ai), licence: CC BY-NC-SA 4.0)",
         f"  and {series}",
+        f"  and {tmp_path / 'cli' / 'cq500.left_out.csv'}",
     ]
-    assert printed[2:] == ["notes on the data:", *(f"  {n}" for n in written.notes)]
+    assert printed[3:] == ["notes on the data:", *(f"  {n}" for n in written.notes)]
     assert any("CQ500-CT-4" in note for note in written.notes)
 
 

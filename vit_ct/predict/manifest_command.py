@@ -25,7 +25,8 @@ DATASET_NAMES = {"cq500": (), "ctich": ("ct-ich", "physionet"), "instance": ("in
 DATASET_OPTIONS = {
     "on_missing": (("cq500", "ctich", "instance", "bhsd"), {
         "choices": ("raise", "skip"), "help": "skip a case whose files are missing (or, of a NIfTI set, truncated),"
-                                              " noting it, instead of stopping (default raise)"}),
+                                              " noting it, instead of stopping (default raise; cq500: skip, listing"
+                                              " the studies its Kaggle mirror lacks in M.left_out.csv)"}),
     "scan_labels": (("ctich", "instance", "bhsd"), {
         "action": "store_true", "help": "add scan_label and scan_<subtype>: a bleed on any slice of the scan"}),
     "min_thickness_mm": (("cq500",), {

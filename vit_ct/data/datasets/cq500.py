@@ -2,7 +2,11 @@
 scan, as a vit-ct manifest with scan labels from the readers' majority, one series per study.
 
 Layout (the archives from headctstudy.qure.ai as projects read them, e.g. ``CQ500CT25 CQ500CT25/Unknown Study/CT
-Thin Plain/CT000110.dcm``; the reads' header checked against code that asserts it in full):
+Thin Plain/CT000110.dcm``; the reads' header checked against code that asserts it in full). The original site no
+longer resolves; its Kaggle mirror (kaggle.com/datasets/crawford/qureai-headct, the source CQ500 papers now cite)
+puts the study folders one level down (``qct01/CQ500CT0 CQ500CT0/...``, as projects reading the mirror walk it) and
+lacks some studies that reads.csv lists (481 of 491 reported): by default the studies present are converted and the
+absent ones listed in ``OUT.left_out.csv`` (``on_missing="raise"`` stops instead).
 
 - ``CQ500CT<N> CQ500CT<N>/Unknown Study/CT <series description>/CT<6 digits>.dcm``: one folder per patient (one
   study), one folder per series, several series per study: thick and thin (0.625-5 mm), soft and bone kernels, some
@@ -21,13 +25,15 @@ the majority of ``chronic_bleed``, ``bleed_left``, ``bleed_right``, ``fracture``
 ``other_fracture``, ``mass_effect``, ``midline_shift``; ``series_description``, ``kernel``, ``slice_thickness_mm``
 of the chosen series. No ``label``: the reads say nothing about single slices.
 
-One series per study, by these keys in turn (every series, its keys and the choice go to ``<stem>.series.csv``):
-at least 10 images (fewer is a scout or a partial); axial; non-contrast (a post-contrast description or a
-ContrastBolusAgent: the readers judged bleeds on plain CT); a soft-tissue kernel (not BONE/LUNG/EDGE/DETAIL/SHARP in
-the description or kernel, nor a Siemens kernel numbered 60 or more: bone kernels make blood look like noise); slice
-thickness at or above ``min_thickness_mm`` (default 2.5 mm: the 2.5-5 mm of clinical reading and of RSNA 2019,
-CT-ICH and INSTANCE, whereas 0.6-1.25 mm slices carry 2-3x the noise and 4-8x the slices), the thinnest of those
-(else the thickest below); then the most images; then the folder name.
+One series per study, by these keys in turn (every series, its keys and the choice go to ``<stem>.series.csv``): at
+least 10 images (fewer is a scout or a partial); axial; non-contrast (a post-contrast description or a
+ContrastBolusAgent; a lone "C" is contrast too, "C-" plain: the readers judged bleeds on plain CT); a soft-tissue
+kernel (not BONE/LUNG/EDGE/DETAIL/SHARP in the description or kernel, nor a Siemens kernel numbered 60 or more: bone
+kernels make blood look like noise); slice thickness at or above ``min_thickness_mm`` (default 2.5 mm: the 2.5-5 mm of
+clinical reading and of RSNA 2019, CT-ICH and INSTANCE, whereas 0.6-1.25 mm slices carry 2-3x the noise and 4-8x the
+slices), the thinnest of those (else the thickest below); then one whose description says plain (pre-contrast,
+non-contrast) over one that says nothing; then the most images; then the folder name. ``OUT.series.csv``'s ``why``
+names the key that decided.
 
 Licence: CC BY-NC-SA 4.0 (headctstudy.qure.ai): non-commercial, attribution, share alike.
 """
@@ -46,7 +52,7 @@ import pydicom
 from pydicom.multival import MultiValue
 
 from vit_ct.data.datasets.output import DatasetOutput
-from vit_ct.data.datasets.volumes import Converted, check_choice, count_note
+from vit_ct.data.datasets.volumes import LEFT_OUT, Converted, check_choice, count_note, dataset_folder
 from vit_ct.data.io.scans import Scan, find_scans, scan_table
 from vit_ct.data.manifests.splits import list_lines
 from vit_ct.progress import track
@@ -64,8 +70,11 @@ FOLDER = re.compile(r"^CQ500-?CT-?(\d+)(?:\s+CQ500-?CT-?\1)?$", re.IGNORECASE)
 MIN_IMAGES = 10
 SHARP = re.compile(r"BONE|LUNG|EDGE|DETAIL|SHARP|HRCT", re.IGNORECASE)
 SIEMENS_KERNEL = re.compile(r"^[HBJQ][a-z]?(\d{2})", re.IGNORECASE)  # H31s soft ... H70h bone; Br64, Qr59
-CONTRAST = re.compile(r"\bPOST\b(?!\s*FOSSA)|CONTRAST|CECT|C\+|\bCTA\b|ANGIO|\d\s*CC\b|\bORAL\b", re.IGNORECASE)
-PLAIN = re.compile(r"PRE[\s_-]*CONTRAST|NON[\s_-]*CONTRAST|PLAIN|NCCT|WITHOUT", re.IGNORECASE)
+# A lone "C" is contrast too (CQ500CT183's "CT C" and "CT C THIN" beside "CT Plain" and "CT PLAIN THIN")
+CONTRAST = re.compile(
+    r"\bPOST\b(?!\s*FOSSA)|CONTRAST|CECT|C\+|\bCTA\b|ANGIO|\d\s*CC\b|\bORAL\b|(?:^|[\s_/])C(?:$|[\s_/])", re.IGNORECASE
+)
+PLAIN = re.compile(r"PRE[\s_-]*CONTRAST|NON[\s_-]*CONTRAST|PLAIN|NCCT|WITHOUT|(?:^|[\s_/])C-(?:$|\s)", re.IGNORECASE)
 
 
 def read_reads(path: Path) -> pd.DataFrame:
@@ -140,6 +149,7 @@ class Series:
     kernel: str = ""
     thickness_mm: float | None = None
     contrast: bool = False
+    plain: bool = False  # its description says plain / pre-contrast / non-contrast
     sharp: bool = False
     axial: bool = True
     problem: str | None = None  # why it is not a CT image series
@@ -150,17 +160,31 @@ class Series:
         ok = self.thickness_mm is not None and self.thickness_mm >= min_thickness_mm - 1e-3
         thickness = self.thickness_mm if ok else -(self.thickness_mm or 0.0)  # thinnest above, else thickest below
         return (self.images < MIN_IMAGES, not self.axial, self.contrast, self.sharp, not ok, thickness,
-                -self.images, self.folder.as_posix())  # fmt: skip
+                not self.plain, -self.images, self.folder.as_posix())  # fmt: skip
 
     def traits(self, min_thickness_mm: float) -> str:
         thickness = "thickness unknown" if self.thickness_mm is None else f"{self.thickness_mm:g} mm"
         if self.thickness_mm is not None and self.thickness_mm < min_thickness_mm - 1e-3:
             thickness += f" (< {min_thickness_mm:g})"
+        contrast = "post-contrast" if self.contrast else "said plain" if self.plain else "contrast not said"
         return ", ".join([
             *(["fewer than 10 images"] if self.images < MIN_IMAGES else []), *([] if self.axial else ["not axial"]),
-            "post-contrast" if self.contrast else "non-contrast", "sharp/bone kernel" if self.sharp else "soft kernel",
-            thickness, f"{self.images} images",
+            contrast, "sharp/bone kernel" if self.sharp else "soft kernel", thickness, f"{self.images} images",
         ])  # fmt: skip
+
+    def why(self, chosen: Series | None, min_thickness_mm: float) -> str:
+        """Why this series was chosen, or which key of the rule put it below the chosen one."""
+        if self is chosen:
+            return "chosen: first by the rule"
+        if self.problem is not None or chosen is None:
+            return "not a CT image series" if self.problem is not None else "no series of the study could be read"
+        mine, theirs = self.key(min_thickness_mm), chosen.key(min_thickness_mm)
+        first = next(i for i, (a, b) in enumerate(zip(mine, theirs, strict=True)) if a != b)
+        below_minimum = self.thickness_mm is None or self.thickness_mm < min_thickness_mm - 1e-3
+        names = ("fewer than 10 images", "not axial", "post-contrast", "sharp/bone kernel",
+                 f"thinner than {min_thickness_mm:g} mm", "thinner" if below_minimum else "thicker",
+                 "plain not said", "fewer images", "folder name")  # fmt: skip
+        return f"below {chosen.folder.name}: {names[first]}"
 
 
 def _axial(orientation) -> bool:
@@ -200,6 +224,7 @@ def _series(folder: Path) -> Series:
             thickness_mm=thickness,
             contrast=bool(str(ds.get("ContrastBolusAgent") or "").strip())
             or bool(CONTRAST.search(description) and not PLAIN.search(description)),
+            plain=bool(PLAIN.search(description)) and not str(ds.get("ContrastBolusAgent") or "").strip(),
             sharp=bool(SHARP.search(description) or SHARP.search(kernel) or (siemens and int(siemens[1]) >= 60)),
             axial=_axial(ds.get("ImageOrientationPatient")),
             problem=f"Modality {modality or 'missing'}, not CT" if modality != "CT" else "a localizer" if localizer
@@ -246,23 +271,35 @@ def series_table(candidates: list[Series], chosen: Series | None, min_thickness_
                 "rank": rank if s.problem is None else None,
                 "chosen": int(s is chosen),
                 "reason": s.problem or s.traits(min_thickness_mm),
+                "why": s.why(chosen, min_thickness_mm),
             }
             for rank, s in enumerate(ranked, start=1)
         ],
-        columns=["folder", "series_description", "kernel", "slice_thickness_mm", "images", "rank", "chosen", "reason"],
+        columns=[
+            "folder",
+            "series_description",
+            "kernel",
+            "slice_thickness_mm",
+            "images",
+            "rank",
+            "chosen",
+            "reason",
+            "why",
+        ],  # fmt: skip
     )
     return table.astype({"rank": "Int64"})
 
 
-def _raise_missing(missing: list[str], root: Path) -> None:
+def _raise_missing(missing: list[tuple[str, str]], root: Path) -> None:
+    listed = ", ".join(f"{scan} ({reason})" for scan, reason in missing[:10])
     raise ValueError(
-        f"CQ500: {len(missing)} stud(ies) of {root / READS} cannot be found under {root}: {', '.join(missing[:10])}"
+        f"CQ500: {len(missing)} stud(ies) of {root / READS} cannot be found under {root}: {listed}"
         "; expected a folder CQ500CT<N> CQ500CT<N> with DICOM series for each (on_missing='skip' leaves them out)"
     )
 
 
 def convert(
-    root: Path, out: DatasetOutput, *, min_thickness_mm: float = 2.5, on_missing: str = "raise", progress: bool = True
+    root: Path, out: DatasetOutput, *, min_thickness_mm: float = 2.5, on_missing: str = "skip", progress: bool = True
 ) -> Converted:
     """CQ500 as a scan-labelled manifest, one series per study (see the module).
 
@@ -270,21 +307,18 @@ def convert(
         root: the folder holding reads.csv and the CQ500CT<N> CQ500CT<N> folders.
         out: where the manifest and ``<stem>.series.csv`` go.
         min_thickness_mm: the thinnest slices preferred (mm); thinner series are chosen only when no other is left.
-        on_missing: "raise" when a study of reads.csv has no folder or no CT series, "skip" to leave it out (noted).
+        on_missing: "skip" (default: the Kaggle mirror lacks some studies) leaves out a study of reads.csv that has
+            no folder or no CT series, each listed in ``OUT.left_out.csv`` and counted in one note; "raise" stops.
         progress: show a progress bar.
     """
     check_choice(on_missing, "on_missing", ("raise", "skip"))
     if not min_thickness_mm >= 0:
         raise ValueError(f"min_thickness_mm must be >= 0 (mm), got {min_thickness_mm}")
-    if not (root / READS).is_file():
-        below = [c for c in sorted(root.iterdir()) if c.is_dir() and (c / READS).is_file()]
-        if len(below) != 1:
-            raise ValueError(f"CQ500: {root} has no {READS}; expected it beside the CQ500CT<N> CQ500CT<N> folders")
-        root = below[0]
+    root = dataset_folder(root, (READS,), "CQ500", f"{READS} beside the CQ500CT<N> CQ500CT<N> folders")
     reads = read_reads(root / READS)
     folders = patient_folders(root)
     notes: list[str] = []
-    missing = [f"{reads.at[n, 'scan']} (no folder CQ500CT{n} CQ500CT{n})" for n in reads.index if n not in folders]
+    missing = [(reads.at[n, "scan"], f"no folder CQ500CT{n} CQ500CT{n}") for n in reads.index if n not in folders]
     if missing and on_missing == "raise":  # before reading any series
         _raise_missing(missing, root)
     unread = sorted(set(folders) - set(reads.index))
@@ -295,7 +329,7 @@ def convert(
         chosen = choose_series(candidates, min_thickness_mm, notes)
         series_tables.append(series_table(candidates, chosen, min_thickness_mm, root).assign(scan=name))
         if chosen is None:
-            missing.append(f"{name} (no CT series in {folders[number]})")
+            missing.append((name, f"no CT series in {folders[number]}"))
             continue
         table = scan_table([chosen.scan]).drop(columns=["label"])
         table["image"] = [out.reference(p) for p in table["image"]]
@@ -308,7 +342,14 @@ def convert(
         tables.append(table)
     if missing and on_missing == "raise":
         _raise_missing(missing, root)
-    notes += count_note(len(missing), f"stud(ies) left out: {', '.join(missing[:5])}")
+    if missing:
+        out.add_table(LEFT_OUT, pd.DataFrame(missing, columns=["scan", "reason"]))
+    shown = ", ".join(f"{scan} ({reason})" for scan, reason in missing[:5]) + (" ..." if len(missing) > 5 else "")
+    notes += count_note(
+        len(missing),
+        f"stud(ies) of {READS} left out: {shown} (each with its reason in {out.stem}.{LEFT_OUT}.csv;"
+        " on_missing='raise' stops instead)",
+    )
     if not tables:
         raise ValueError(f"CQ500: no study of {root / READS} has a CT series under {root}")
     series = pd.concat(series_tables, ignore_index=True)
