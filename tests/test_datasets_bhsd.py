@@ -4,6 +4,7 @@ and subtypes by hand, the binary masks written beside the manifest checked again
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import nibabel as nib
@@ -94,6 +95,17 @@ def test_the_split_layout_of_dataset_json_is_read(tmp_path):
     assert "split" not in table.columns  # vit-ct's own split (train/val/test by patient) stays the user's
 
 
+def test_test_images_released_without_their_labels_are_said_not_dropped_silently(tmp_path):
+    root = tmp_path / "downloads" / "BHSD"
+    names = list(VOLUMES)
+    write_case(root / "imagesTr", root / "labelsTr", names[0])
+    write_case(root / "imagesTs", root / "labelsTs", names[1])
+    shutil.rmtree(root / "labelsTs")
+    written = write_dataset_manifest("bhsd", tmp_path / "downloads", tmp_path / "m.csv", progress=False)  # found below
+    assert list(written.table["official_split"]) == ["train"] * 4
+    assert f"1 volume(s) in {root / 'imagesTs'} without labelsTs/ beside it: unlabelled, left out" in written.notes
+
+
 def test_unknown_mask_values_and_missing_files_are_refused_by_name(label_192, tmp_path):
     name = list(VOLUMES)[1]
     write_volume(label_192 / "ground truths" / f"{name}.nii.gz", np.full((20, 26, 3), 6, np.uint8), TILTED_AFFINE)
@@ -102,6 +114,9 @@ def test_unknown_mask_values_and_missing_files_are_refused_by_name(label_192, tm
     (label_192 / "ground truths" / f"{name}.nii.gz").unlink()
     with pytest.raises(ValueError, match=rf"images/{name}\.nii\.gz \(no .*ground truths/{name}\.nii\.gz\)"):
         write_dataset_manifest("bhsd", label_192, tmp_path / "m.csv", progress=False)
-    with pytest.raises(ValueError, match=r"holds none of the layouts; expected images/ and 'ground truths/'"):
+    with pytest.raises(
+        ValueError,
+        match=r"nor a folder up to 5 levels below it holds one of the layouts; expected images/ and 'ground truths/'",
+    ):
         write_dataset_manifest("bhsd", label_192 / "images", tmp_path / "m.csv", progress=False)
     assert not (tmp_path / "m.csv").exists() and not (tmp_path / "m_masks").exists()

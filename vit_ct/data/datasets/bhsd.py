@@ -7,7 +7,8 @@ huggingface.co/datasets/WuBiao/BHSD as torch_em reads it, ``torch_em/data/datase
 
 - ``label_192/images/NAME.nii.gz`` and ``label_192/ground truths/NAME.nii.gz`` (same name, same voxels). The
   repository's ``dataset.json`` describes the paper's split as ``imagesTr/``, ``labelsTr/`` (96) and ``imagesTs/``,
-  ``labelsTs/`` (96); that layout is read too, and the folder goes to ``official_split`` (train / test).
+  ``labelsTs/`` (96); that layout is read too, and the folder goes to ``official_split`` (train / test); an
+  ``imagesTs/`` without ``labelsTs/`` (test images released unlabelled) is left out with a note, never silently.
 - Label values (``dataset.json``): 0 background, 1 epidural, 2 intraparenchymal, 3 intraventricular,
   4 subarachnoid, 5 subdural.
 - NAME is ``ID_<8 hex>_ID_<10 hex>``: the volumes were rebuilt from RSNA 2019 DICOM; the two parts are RSNA's
@@ -41,8 +42,12 @@ from vit_ct.data.datasets.volumes import (
     add_scan_labels,
     check_choice,
     complete_volumes,
+    count_note,
+    find_folders,
     labelled_rows,
     left_out_note,
+    nifti_files,
+    one_folder,
     pair_volumes,
 )
 from vit_ct.files import safe_name
@@ -54,19 +59,35 @@ RSNA_NAME = re.compile(r"^(ID_[0-9a-fA-F]+)_(ID_[0-9a-fA-F]+)$")  # <PatientID>_
 assert set(CLASSES.values()) == set(SUBTYPES)
 
 
-def _folders(root: Path) -> list[tuple[Path, Path, str | None]]:
-    """(images, labels, official split) folders of the layouts above, under ``root`` or its one subfolder."""
-    for candidate in [root, *(c for c in sorted(root.iterdir()) if c.is_dir())]:
-        if (candidate / "images").is_dir() and (candidate / "ground truths").is_dir():
-            return [(candidate / "images", candidate / "ground truths", None)]
-        split = [
-            (candidate / images, candidate / labels, name)
-            for images, labels, name in (("imagesTr", "labelsTr", "train"), ("imagesTs", "labelsTs", "test"))
-            if (candidate / images).is_dir() and (candidate / labels).is_dir()
-        ]
-        if split:
-            return split
-    raise ValueError(f"BHSD: {root} holds none of the layouts; expected {LAYOUT} (in it or in one subfolder)")
+SPLITS = (("imagesTr", "labelsTr", "train"), ("imagesTs", "labelsTs", "test"))
+
+
+def _layout(folder: Path) -> bool:
+    """Whether ``folder`` holds one of the layouts above."""
+    if (folder / "images").is_dir() and (folder / "ground truths").is_dir():
+        return True
+    return any((folder / images).is_dir() and (folder / labels).is_dir() for images, labels, _ in SPLITS)
+
+
+def _folders(root: Path, notes: list[str]) -> list[tuple[Path, Path, str | None]]:
+    """(images, labels, official split) folders of the layouts above, in the one folder at or below ``root`` that
+    holds one; an images folder without its labels folder (``imagesTs/`` alone: the test images as released without
+    their labels) is said in ``notes``, its volumes left out."""
+    folder = one_folder(find_folders(root, _layout), root, "BHSD", "one of the layouts", LAYOUT)
+    if (folder / "images").is_dir() and (folder / "ground truths").is_dir():
+        return [(folder / "images", folder / "ground truths", None)]
+    found = []
+    for images, labels, name in SPLITS:
+        if not (folder / images).is_dir():
+            continue
+        if (folder / labels).is_dir():
+            found.append((folder / images, folder / labels, name))
+        else:
+            count = len(nifti_files(folder / images))
+            notes += count_note(
+                count, f"volume(s) in {folder / images} without {labels}/ beside it: unlabelled, left out"
+            )
+    return found
 
 
 def convert(
@@ -87,7 +108,7 @@ def convert(
     notes: list[str] = []
     jobs = [
         (pair, split)
-        for images, labels, split in _folders(root)
+        for images, labels, split in _folders(root, notes)
         for pair in pair_volumes(images, labels, on_missing=on_missing, what="BHSD", notes=notes)
     ]
     tables, left_out = [], []
