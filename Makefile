@@ -1,4 +1,5 @@
 # Two commands: `make demo` (synthetic head CT -> ViT -> predictions and rollout maps) and `make test`.
+# `make check`: lint and the tests that take well under a second each, in about two minutes: run it before every commit.
 # `make floors`: a fast subset of the tests on every dependency at the lowest version pyproject.toml allows.
 VENV ?= .venv
 PYTHON ?= python3
@@ -6,7 +7,7 @@ BIN := $(VENV)/bin
 OUT ?= outputs/demo
 ARGS ?=  # extra vit-ct arguments for the demo's fit and predict (tests/test_readme.py passes tiny sizes)
 
-.PHONY: demo review test floors lint format clean docs
+.PHONY: demo review check test floors lint format clean docs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +25,11 @@ demo: $(VENV)/.installed
 
 review: $(VENV)/.installed
 	$(BIN)/python -m vit_ct.review --output_dir outputs/review
+
+# Before every commit: the lint and the tests that take well under a second each (no `slow` or `medium` marker).
+check: $(VENV)/.installed
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+	$(BIN)/python -m pytest -q -m "not slow and not medium" --durations=10
 
 test: $(VENV)/.installed
 	$(BIN)/python -m pytest

@@ -125,6 +125,25 @@ def tiny_data_args(manifest, *, img_size: int | None = 32) -> list[str]:
     ]
 
 
+# Fixtures that train, predict or serve (seconds to minutes, shared by the tests of a module): every test that uses
+# one is `medium` at least, since the first of them pays for it in `make check` otherwise. The real servers and
+# browsers get their own markers too, so that `-m pacs` or `-m browser` selects them.
+COSTLY_FIXTURES = {"tiny_checkpoint", "tiny", "predict_run", "first_epoch", "written", "predicted", "hub_cache"}
+SERVER_FIXTURES = {"orthanc": "pacs", "orthanc_with_user": "pacs", "orthanc_root": "pacs", "chromium": "browser"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        servers = {marker for name, marker in SERVER_FIXTURES.items() if name in used}
+        if item.path.name in ("test_browser.py", "test_ci_browser.py"):
+            servers.add("browser")
+        for marker in servers:
+            item.add_marker(marker)
+        if (servers or used & COSTLY_FIXTURES) and not item.get_closest_marker("slow"):
+            item.add_marker("medium")
+
+
 @pytest.fixture(autouse=True)
 def _no_inherited_wandb_service():
     """An in-process W&B run (e.g. the callback tests) exports WANDB_SERVICE so that child processes join its service;

@@ -34,6 +34,7 @@ def _passes(setting: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.medium
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator: Linux")
 def test_freed_blocks_are_reused_instead_of_faulted_in_again():
     default, kept = _passes("default"), _passes("vit-ct")

@@ -60,6 +60,7 @@ def _vit_tensors(model) -> dict[str, torch.Tensor]:
     return {k.removeprefix("vit."): v.contiguous() for k, v in model.state_dict().items() if k.startswith("vit.")}
 
 
+@pytest.mark.medium
 def test_start_weights_of_another_architecture_are_named_in_one_line_by_the_command(tmp_path):
     from safetensors.torch import save_file
 
@@ -129,6 +130,7 @@ def pickled(tmp_path) -> Path:
     return path
 
 
+@pytest.mark.medium
 @pytest.mark.parametrize(
     "command",
     [
@@ -154,6 +156,7 @@ def test_a_pickled_checkpoint_is_refused_in_one_line_and_never_unpickled(command
 # --- C: file names that are not UTF-8 ---------------------------------------------------------------------------------
 
 
+@pytest.mark.medium
 def test_a_file_name_that_is_not_utf8_is_named_with_its_byte_escaped(synthetic_set, tmp_path):
     dicom = sorted((synthetic_set.parent / "images").rglob("*.dcm"))[:2]
     scan = tmp_path / "scan"
@@ -194,6 +197,7 @@ def _truncate(path: Path) -> None:
     path.write_bytes(data[: len(data) // 2])
 
 
+@pytest.mark.medium
 def test_a_truncated_nifti_gz_is_refused_by_name_or_left_out_and_listed(instance_root, tmp_path):
     volume = instance_root / "train_2" / "data" / "002.nii.gz"
     _truncate(volume)

@@ -98,6 +98,7 @@ def test_a_slot_changed_after_the_check_is_refused_by_name_and_rebuilt_by_the_ne
     assert later.slice_cache.written == 1  # that slot only, found because a reader marked it
 
 
+@pytest.mark.medium
 def test_a_loader_worker_refuses_a_changed_slot_by_name_and_marks_it(built, tmp_path):
     """In a forked DataLoader worker, which opens its own connection to the index to mark the slot."""
     manifest, fresh = built

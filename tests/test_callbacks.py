@@ -65,6 +65,7 @@ def _staged_files(data_dir):
     return [p for p in (data_dir / "artifacts" / "staging").rglob("*") if p.is_file()]
 
 
+@pytest.mark.medium
 def test_overlays_and_table_reach_the_wandb_run(manifest, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_DATA_DIR", str(tmp_path / "wandb-data"))  # where the table artifact is staged
     logger = WandbLogger(offline=True, save_dir=str(tmp_path), project="vit-ct-test")
@@ -117,6 +118,7 @@ def test_without_wandb_or_masks_nothing_happens(manifest):
     assert "val/rollout_air" in val and "test/cls_prefix_block0" in test
 
 
+@pytest.mark.medium
 def test_epoch_lines_show_validation_figures_only_on_the_epochs_that_measured_them(tmp_path, capsys):
     from npy_manifest import manifest_args, write_npy_manifest
 

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from npy_manifest import write_npy_manifest
 
 # The real check with 2 workers on 400 slices made slow to read (25 ms each: ~5 s), so that the kill finds it busy.
@@ -18,12 +19,12 @@ import sys, time
 from vit_ct.data.manifests import manifest_files
 from vit_ct.data.manifests.manifest import read_manifest, validate_manifest_files
 
-real = manifest_files.load_ct_slice
+real = manifest_files.read_ct_slice
 def slow(*args, **kwargs):
     time.sleep(0.025)
     return real(*args, **kwargs)
 
-manifest_files.load_ct_slice = slow
+manifest_files.read_ct_slice = slow
 print("checking", flush=True)
 validate_manifest_files(read_manifest(sys.argv[1]), progress=False, workers=2)
 print("done", flush=True)
@@ -46,6 +47,7 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+@pytest.mark.medium
 def test_killing_the_check_with_sigkill_leaves_no_worker(tmp_path):
     manifest = write_npy_manifest(tmp_path / "data", train=300, val=100, test=0, size=16)
     check = subprocess.Popen([sys.executable, "-c", _CHECK, str(manifest)], stdout=subprocess.PIPE, text=True)
@@ -86,6 +88,7 @@ time.sleep(60)
 """
 
 
+@pytest.mark.medium
 def test_the_portable_watchdog_ends_a_worker_whose_parent_died():
     """Where prctl does not exist (macOS, Windows): a thread that polls the parent's pid."""
     middle = subprocess.Popen([sys.executable, "-c", _WATCHED], stdout=subprocess.PIPE, text=True)
@@ -101,6 +104,7 @@ def test_the_portable_watchdog_ends_a_worker_whose_parent_died():
         raise AssertionError("the watchdog did not end the orphaned worker")
 
 
+@pytest.mark.medium
 def test_die_with_parent_ends_at_once_when_the_parent_is_already_gone():
     """The parent may die between the fork and the request for the signal: the worker then ends by itself."""
     script = (

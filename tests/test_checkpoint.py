@@ -66,6 +66,7 @@ def test_atomic_save_keeps_the_old_file_when_writing_fails(tmp_path):
     assert [p.name for p in path.parent.iterdir()] == ["last.ckpt"]  # no temporary file left
 
 
+@pytest.mark.medium
 def test_loading_never_executes_code(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     checkpoint = _tiny_checkpoint(tmp_path / "good.ckpt")

@@ -204,6 +204,7 @@ def test_fit_then_predict_through_the_real_command(synthetic_set, tmp_path):
         assert (overlay[rows:] == 255).all(axis=-1).any()  # white text on the band
 
 
+@pytest.mark.medium
 def test_predict_and_test_read_the_maps_finer_than_fits_validation_unless_told(capsys):
     from vit_ct.explain.shifted import READ_SHIFTS
 

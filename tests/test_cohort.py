@@ -173,6 +173,7 @@ def test_motion_starts_at_rest_and_stays_within_its_range():
         assert np.hypot(p[:, 0], p[:, 1]).max() <= 3.0 + 1e-9 and np.abs(p[:, 2]).max() <= math.radians(3)
 
 
+@pytest.mark.medium
 def test_brain_noise_of_a_standard_protocol_is_diagnostic():
     scanner = ScannerConfig(
         pixel_spacing_mm_range=(0.9, 0.9), slice_thicknesses_mm=(5.0,), slice_thickness_weights=(1.0,),

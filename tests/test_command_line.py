@@ -90,6 +90,7 @@ def test_help_and_the_commands_that_need_no_model_import_no_torch():
     assert listed.returncode == 0 and listed.stdout.startswith("vit-ct/headct-tiny-256 - ") and not listed.stderr
 
 
+@pytest.mark.medium
 def test_the_start_up_benchmark_reads_which_packages_each_command_imports():
     """benchmarks/startup.py's import report: torch, Lightning and timm where the full parser is built, none for the
     overview (not timed: the figures are the benchmark's)."""
@@ -99,6 +100,7 @@ def test_the_start_up_benchmark_reads_which_packages_each_command_imports():
     assert overview["torch"] == overview["lightning"] == overview["timm"] == 0 and overview["imports"] > 0
 
 
+@pytest.mark.medium
 def test_the_public_names_load_on_first_use():
     code = (
         "import sys, vit_ct; assert 'torch' not in sys.modules and 'rich' not in sys.modules;"
@@ -116,6 +118,7 @@ def test_the_public_names_load_on_first_use():
         vit_ct.NoSuchThing  # noqa: B018
 
 
+@pytest.mark.medium
 def test_each_subcommand_shows_only_its_own_options():
     fit, predict = _run(VIT_CT, "fit", "--help"), _run(VIT_CT, "predict", "--help")
     assert fit.returncode == predict.returncode == 0, fit.stderr[-2000:] + predict.stderr[-2000:]
@@ -126,6 +129,7 @@ def test_each_subcommand_shows_only_its_own_options():
     assert "Write P(lesion), an attention-rollout map and an overlay for every slice" in _one_line(predict.stdout)
 
 
+@pytest.mark.medium
 def test_a_config_for_every_subcommand_still_loads_in_each(tmp_path, capsys):
     """demo.yaml sets `test_after_fit` and a run's saved config.yaml holds `output_dir: null`: both load in every
     subcommand; an option of another subcommand typed on the command line is refused by name."""
@@ -155,6 +159,7 @@ def built_models(monkeypatch) -> list:
     return built
 
 
+@pytest.mark.medium
 def test_a_missing_required_option_fails_before_any_model_is_built(tmp_path, capsys, built_models):
     manifest = write_npy_manifest(tmp_path / "data", train=2, val=2)
     with pytest.raises(SystemExit) as refused:
@@ -195,6 +200,7 @@ def test_shipped_weights_are_named_as_such_and_a_none_that_changes_nothing_is_no
     ]
 
 
+@pytest.mark.medium
 def test_test_and_validate_print_their_figures_once(tmp_path, capsys, monkeypatch):
     """Lightning's ~50-row table is off (``--verbose true`` brings it back); vit-ct lists the figures once. Without a
     logger there is no run folder: the working folder's own config.yaml is left as it is."""

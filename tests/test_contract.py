@@ -37,6 +37,7 @@ def fitted(tmp_path, monkeypatch):
     return manifest, tmp_path / "run" / "checkpoints" / "last.ckpt"
 
 
+@pytest.mark.medium
 def test_a_checkpoint_records_how_its_weights_see_the_input(fitted):
     _, ckpt = fitted
     expected = InputContract(32, 16, 1, ((40.0, 80.0),), {"modalities": ("CT", "MR"), "stored_values_are_hu": True})
@@ -45,6 +46,7 @@ def test_a_checkpoint_records_how_its_weights_see_the_input(fitted):
     assert expected.describe() == "32 x 32 px, windows brain 40/80, CT/MR only, stored values taken as HU"
 
 
+@pytest.mark.medium
 def test_commands_with_a_checkpoint_prepare_slices_as_it_says_and_say_what_they_overruled(fitted, tmp_path, caplog):
     manifest, ckpt = fitted
     other = ["--data.init_args.img_size", "64", "--data.init_args.windows", "[brain,subdural]"]
@@ -65,6 +67,7 @@ def test_commands_with_a_checkpoint_prepare_slices_as_it_says_and_say_what_they_
     assert (tmp_path / "out" / "predictions.csv").is_file()
 
 
+@pytest.mark.medium
 def test_fit_from_weights_takes_their_network_and_input_unless_typed_on_the_command_line(fitted, tmp_path, caplog):
     manifest, ckpt = fitted
     base = ["fit", *manifest_args(manifest), *NO_LOGGER, "--trainer.max_epochs", "0", "--model.weights", str(ckpt)]
@@ -80,6 +83,7 @@ def test_fit_from_weights_takes_their_network_and_input_unless_typed_on_the_comm
     assert any("data.img_size: 64 x 64 as typed on the command line" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.medium
 def test_a_checkpoint_from_before_contracts_with_other_windows_is_refused_by_name(fitted, tmp_path):
     manifest, ckpt = fitted
     checkpoint = torch.load(ckpt, weights_only=True)
@@ -92,6 +96,7 @@ def test_a_checkpoint_from_before_contracts_with_other_windows_is_refused_by_nam
               "--ckpt_path", str(old), "--output_dir", str(tmp_path / "out")])  # fmt: skip
 
 
+@pytest.mark.medium
 def test_the_review_reads_slices_with_the_checkpoints_read_options(fitted):
     manifest, ckpt = fitted
     model = ViTClassifier.load_from_checkpoint(ckpt)
@@ -100,6 +105,7 @@ def test_the_review_reads_slices_with_the_checkpoints_read_options(fitted):
     assert (data.img_size, data.windows) == (32, [(40.0, 80.0)])
 
 
+@pytest.mark.medium
 @pytest.mark.parametrize("subcommand", ["test", "validate", "predict"])
 def test_every_command_sees_named_weights_as_they_were_trained(tmp_path, caplog, subcommand):
     """Shipped weights named by a config and no checkpoint (score them as they are): every command builds the network
@@ -118,6 +124,7 @@ def test_every_command_sees_named_weights_as_they_were_trained(tmp_path, caplog,
     assert not [w for w in caught if "resampled" in str(w.message)]
 
 
+@pytest.mark.medium
 def test_python_sees_named_weights_as_they_were_trained_and_says_where_told_otherwise(fitted):
     _, ckpt = fitted
     with warnings.catch_warnings():
@@ -150,6 +157,7 @@ def test_a_checkpoint_is_opened_once_while_unchanged(fitted, monkeypatch):
     assert read_checkpoint(ckpt)["epoch"] == 7 and len(opened) == 2
 
 
+@pytest.mark.medium
 def test_the_review_keeps_the_windows_a_checkpoint_records(fitted):
     manifest, ckpt = fitted
     model = ViTClassifier.load_from_checkpoint(ckpt)

@@ -70,6 +70,7 @@ def _files(folder: Path) -> dict[str, float]:
     return {str(p.relative_to(folder)): p.stat().st_mtime_ns for p in sorted(folder.rglob("*"))}
 
 
+@pytest.mark.medium
 def test_predict_refuses_a_used_output_folder_and_overwrite_keeps_nothing_of_the_old_run(data, tmp_path):
     manifest, ckpt = data
     out = tmp_path / "out"
@@ -101,6 +102,7 @@ def test_predict_refuses_a_used_output_folder_and_overwrite_keeps_nothing_of_the
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]  # no partial folder left
 
 
+@pytest.mark.medium
 def test_a_crash_mid_predict_leaves_the_old_outputs_whole(data, tmp_path):
     manifest, ckpt = data
     out = tmp_path / "out"
@@ -113,6 +115,7 @@ def test_a_crash_mid_predict_leaves_the_old_outputs_whole(data, tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]
 
 
+@pytest.mark.medium
 def test_overwrite_through_a_link_replaces_the_target_and_keeps_the_link(data, tmp_path):
     manifest, ckpt = data
     target = tmp_path / "target"
@@ -148,6 +151,7 @@ def test_killed_writes_leave_no_temporary_file_after_the_next_save(tmp_path):
     assert not stale.exists() and alive.exists() and (folder / "last.ckpt").is_file()
 
 
+@pytest.mark.medium
 def test_a_failed_fit_removes_its_run_folder_and_latest_never_points_at_a_run_without_checkpoint(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     manifest = write_npy_manifest(tmp_path / "data", train=4, val=2)
@@ -287,6 +291,7 @@ def test_lr_must_be_positive_and_finite(lr):
         ViTClassifier(**TINY, lr=lr)
 
 
+@pytest.mark.medium
 def test_bad_ckpt_path_is_named_with_what_was_expected(data, tmp_path):
     manifest, ckpt = data
     truncated = tmp_path / "truncated.ckpt"
@@ -363,6 +368,7 @@ def test_ckpt_path_naming_a_folder_says_which_file_to_pass(data, tmp_path):
         main(["test", *manifest_args(manifest), *NO_LOGGER, "--ckpt_path", str(run)])
 
 
+@pytest.mark.medium
 def test_an_output_folder_that_cannot_be_made_is_refused_before_any_slice_is_read(data, tmp_path, monkeypatch):
     _, ckpt = data
     missing_manifest = tmp_path / "never-read.csv"  # an error about it would mean the slices were read first
@@ -379,6 +385,7 @@ def test_an_output_folder_that_cannot_be_made_is_refused_before_any_slice_is_rea
     assert not [p for p in tmp_path.rglob(".out.*")]
 
 
+@pytest.mark.medium
 def test_skipped_files_are_listed_inside_the_output_folder(data, tmp_path):
     manifest, ckpt = data
     broken = manifest.parent / "s000.npy"
@@ -391,6 +398,7 @@ def test_skipped_files_are_listed_inside_the_output_folder(data, tmp_path):
     assert len(pd.read_csv(out / "predictions.csv")) == 8
 
 
+@pytest.mark.medium
 def test_a_refused_rerun_still_removes_a_killed_runs_partial_folder(data, tmp_path):
     manifest, ckpt = data
     out = tmp_path / "out"

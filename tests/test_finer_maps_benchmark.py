@@ -19,6 +19,7 @@ def tiny_checkpoint(synthetic_set, tmp_path_factory):
     return next((run / "checkpoints").glob("*.ckpt"))
 
 
+@pytest.mark.medium
 def test_the_benchmark_writes_a_record_whose_figures_agree(tiny_checkpoint, synthetic_set, tmp_path):
     finer_maps = load_benchmark("finer_maps")
     argv = ["--ckpt", str(tiny_checkpoint), "--manifest", str(synthetic_set), "--shifts", "1", "2", "--repeats", "1",
@@ -58,6 +59,7 @@ def test_the_benchmark_writes_a_record_whose_figures_agree(tiny_checkpoint, synt
     assert maps["rows"][1][4] == f["shifts2_rollout_dice"]
 
 
+@pytest.mark.medium
 def test_the_pixel_benchmark_scores_what_vit_ct_test_reports(tiny_checkpoint, synthetic_set, tmp_path):
     """benchmarks/stem_relevance.py: its map_pixels row is what `vit-ct test --model.map_pixels true` scores, the
     pixel map's randomisation check is recorded, and the cost ratios are the record's own times."""

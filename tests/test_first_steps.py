@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEMO = str(ROOT / "configs" / "demo.yaml")
 
 
+@pytest.mark.medium
 def test_the_notebook_command_make_demo_prints_starts():
     line = next(line for line in report("outputs/demo", {}).splitlines() if "jupyter lab" in line)
     command = line.split("review the maps")[1].split()
@@ -33,6 +34,7 @@ def test_the_notebook_command_make_demo_prints_starts():
     assert re.fullmatch(r"\d+\.\d+\.\d+\S*", result.stdout.strip())
 
 
+@pytest.mark.medium
 def test_default_root_dir_places_the_run_and_epochs_are_printed_without_a_terminal(
     synthetic_set, tmp_path, monkeypatch, capsys
 ):

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from conftest import ROOT, TINY_MODEL_ARGS, run_vit_ct, tiny_data_args
 
 
+@pytest.mark.medium
 def test_fit_steps_read_no_value_from_the_device_between_logging_steps(synthetic_set, tmp_path):
     counts = tmp_path / "syncs.json"
     data = [*tiny_data_args(synthetic_set), "--data.init_args.batch_size", "2"]  # several steps an epoch

@@ -140,6 +140,7 @@ def _report(out: Path, manifest: Path, report: Path, *extra: str) -> None:
     main(["report", str(out), "--manifest", str(manifest), "--output_dir", str(report), "--bootstrap", "10", *extra])
 
 
+@pytest.mark.medium
 def test_report_never_deletes_the_predict_output_it_reads_nor_other_files(tmp_path, capsys):
     out, manifest = fake_predict_output(tmp_path)
     record_output(out, "predict")  # as predict leaves it

@@ -204,6 +204,7 @@ RANK = textwrap.dedent("""
 """)
 
 
+@pytest.mark.medium
 @pytest.mark.parametrize("local_rank", ["1", "0"], ids=["a rank the leader started", "a vit-ct started by a leader"])
 def test_a_rank_started_by_a_vit_ct_leader_passes_its_signals_to_the_leader_at_once(local_rank):
     """This test process plays the leader: the rank's SIGTERM and SIGINT must reach it while the rank's main thread

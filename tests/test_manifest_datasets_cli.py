@@ -16,6 +16,7 @@ from pathlib import Path
 import nibabel as nib
 import numpy as np
 import pandas as pd
+import pytest
 import test_datasets_cq500
 import test_datasets_ctich
 import test_datasets_instance
@@ -83,6 +84,7 @@ def test_help_lists_the_form_every_dataset_and_every_option_as_the_converters_ha
             assert default == usual[option] or f"{name}: {default}" in settings["help"], (name, option)
 
 
+@pytest.mark.medium
 def test_a_volume_set_through_the_command_equals_the_library_and_overwrite_is_asked_for(ctich_root, tmp_path):
     out, reference = tmp_path / "cli" / "ctich.csv", tmp_path / "api" / "ctich.csv"
     printed = succeeded(manifest("--dataset", "ctich", ctich_root, "--output", out, cwd=tmp_path))
@@ -112,6 +114,7 @@ def test_a_volume_set_through_the_command_equals_the_library_and_overwrite_is_as
     assert_same_masks(tmp_path / "cli" / "ctich_masks", tmp_path / "api" / "ctich_masks")
 
 
+@pytest.mark.medium
 def test_cq500_end_to_end_with_its_options(cq500_root, tmp_path):
     write_reads(cq500_root / "reads.csv", [*SERIES, 4])  # a study read but not in the archive
     out, reference = tmp_path / "cli" / "cq500.csv", tmp_path / "api" / "cq500.csv"
@@ -141,6 +144,7 @@ def test_cq500_end_to_end_with_its_options(cq500_root, tmp_path):
     assert any("CQ500-CT-4" in note for note in written.notes)
 
 
+@pytest.mark.medium
 def test_rsna_options_name_another_stage(kaggle_root, tmp_path):
     (kaggle_root / "stage_2_train.csv").rename(kaggle_root / "stage_1_train.csv")
     (kaggle_root / "stage_2_train").rename(kaggle_root / "stage_1_train_images")
@@ -154,6 +158,7 @@ def test_rsna_options_name_another_stage(kaggle_root, tmp_path):
                        " licence: Kaggle competition terms (non-commercial))"]  # fmt: skip
 
 
+@pytest.mark.medium
 def test_a_bad_name_or_option_is_refused_in_one_line_and_nothing_is_written(instance_root, tmp_path):
     out = tmp_path / "out" / "m.csv"
     given = ["--output", out]
@@ -176,6 +181,7 @@ def test_a_bad_name_or_option_is_refused_in_one_line_and_nothing_is_written(inst
     assert not out.parent.exists()
 
 
+@pytest.mark.medium
 def test_a_missing_or_wrong_root_is_refused_in_one_line_and_nothing_is_written(instance_root, tmp_path):
     out = tmp_path / "out" / "m.csv"
     given = ["--output", out]

@@ -111,6 +111,7 @@ def test_notebook_runs_headless_on_a_trained_checkpoint(synthetic_set, tmp_path,
     assert html.count("data:image/png;base64") >= len(FIGURES)
 
 
+@pytest.mark.medium
 def test_a_cell_past_its_timeout_stops_the_run_and_the_cells_before_it_are_kept(tmp_path, monkeypatch, capfd):
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
@@ -177,6 +178,7 @@ def report_cell(predict_output, report_dir=None) -> list:
     return shown
 
 
+@pytest.mark.medium
 def test_the_report_cell_shows_the_report_of_the_predict_output_it_opens(tmp_path, capsys):
     out, manifest = fake_predict_output(tmp_path)
     predictions = pd.read_csv(out / "predictions.csv")

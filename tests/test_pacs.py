@@ -182,6 +182,7 @@ def test_the_command_refuses_a_folder_with_other_files_before_asking_the_server(
         )
 
 
+@pytest.mark.medium
 def test_a_server_that_is_down_is_named_and_nothing_is_reported_stored(tmp_path):
     url = f"http://127.0.0.1:{free_port()}/dicom-web"  # nothing listens there
     server = Server(url, attempts=2)  # one try again, 2 s later
@@ -233,6 +234,7 @@ def test_the_command_names_a_refusal_and_takes_credentials_from_the_environment_
     assert not (tmp_path / "out" / "stored.json").exists()
 
 
+@pytest.mark.medium
 def test_credentials_come_from_one_kind_of_variable():
     assert credentials({}) == ({}, None, "no credentials (none of VIT_CT_DICOMWEB_TOKEN, VIT_CT_DICOMWEB_USER/"
                                          "VIT_CT_DICOMWEB_PASSWORD is set)")  # fmt: skip

@@ -190,6 +190,7 @@ def test_an_html_page_instead_of_dicom_json_is_named():
     assert str(refused.value).startswith(f"{url} answered study {STUDY} (QIDO-RS) with something that is not JSON")
 
 
+@pytest.mark.medium
 def test_a_server_that_pages_slowly_without_end_is_stopped_by_the_deadline():
     """Each page after 0.25 s with new series, without end: the whole search stops at its deadline (the timeout, all
     pages together), not at the first timeout of one page, and dicomweb-client's tries again add nothing after it."""
@@ -245,6 +246,7 @@ def test_a_url_that_is_not_http_is_refused(url, why):
         Server(url, environ={})
 
 
+@pytest.mark.medium
 def test_the_command_refuses_a_url_with_a_password_and_shows_it_nowhere(tmp_path):
     url = f"http://alice:{SECRET}@127.0.0.1:{free_port()}/dicom-web"  # nothing listens there either
     run = run_pacs(url, STUDY, tmp_path / "out")

@@ -105,6 +105,7 @@ def test_ctrl_c_while_storing_reports_every_file(tmp_path):
     assert record.is_file()
 
 
+@pytest.mark.medium
 @pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "soon"])
 def test_a_timeout_of_zero_or_less_is_refused_when_the_options_are_read(value, tmp_path, capsys):
     with pytest.raises(SystemExit) as refused:

@@ -31,6 +31,7 @@ VENV = Path(sys.executable).parent.parent
 # this suite itself.
 SKIPPED = {
     ("make", "test"): "runs the whole test suite, this test included",
+    ("make", "check"): "runs the quick tier of the test suite, which holds tests of this file",
     (".venv/bin/pytest",): "runs the test suite, this test included",
     ("torchrun",): "needs GPU nodes and a rendezvous host ($HEAD)",
     ("srun",): "needs a SLURM cluster with GPUs",

@@ -182,6 +182,7 @@ def vit_ct_command(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return result
 
 
+@pytest.mark.medium
 def test_a_report_of_a_predict_output_beside_a_made_up_cnn(tmp_path):
     out, manifest = fake_predict_output(tmp_path)
     predictions = pd.read_csv(out / "predictions.csv")
@@ -289,6 +290,7 @@ def test_bad_input_is_named(tmp_path, capsys, damage, expected):
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.medium
 def test_the_benchmark_times_a_report_and_writes_its_record(tmp_path):
     out, manifest = fake_predict_output(tmp_path, patients=8)
     report_time = load_benchmark("report_time")

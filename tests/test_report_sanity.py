@@ -94,6 +94,7 @@ def predicted(tmp_path_factory):
     return manifest, ckpt, folder / "out"
 
 
+@pytest.mark.medium
 def test_the_report_checks_the_maps_of_the_checkpoint(predicted, tmp_path):  # ~12 s with the fit and predict
     manifest, ckpt, out = predicted
     report = tmp_path / "report"

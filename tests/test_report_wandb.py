@@ -56,6 +56,7 @@ def files_of(folder: Path) -> dict[str, tuple[bytes, int]]:
     return {str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns) for p in files}
 
 
+@pytest.mark.medium
 def test_the_report_reaches_the_fits_wandb_run(tmp_path, capsys):
     latest = fit_run_folder(tmp_path)
     run_id = latest.resolve().name

@@ -78,6 +78,7 @@ def test_a_step_checkpoint_at_an_epochs_last_batch_resumes_at_a_larger_size(firs
     assert sorted(seen.seen[1]) == list(range(TRAIN)) and trainer.global_step == 4 + 2
 
 
+@pytest.mark.medium
 @pytest.mark.parametrize(
     ("checkpoint", "batch_size", "where"),
     [

@@ -268,6 +268,7 @@ def test_case_maps_agree_with_each_other(tiny):
     assert case.maps["gradient rollout"].max() > 0
 
 
+@pytest.mark.medium
 def test_figures_render_and_save(tiny, tmp_path):
     model, data, table = tiny
     case = review.case_maps(model, data, table.iloc[0])

@@ -212,6 +212,7 @@ def test_predict_on_scans_writes_scan_results_and_aligned_nifti(archive, tiny_ch
     np.testing.assert_array_equal(nib.load(out / nifti_row["ct"]).get_fdata(), nib.load(nifti).get_fdata())
 
 
+@pytest.mark.medium
 def test_scan_auroc_in_vit_ct_test_is_the_auroc_of_each_scans_maximum(
     synthetic_set, tiny_checkpoint, tmp_path, monkeypatch
 ):

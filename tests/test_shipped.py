@@ -35,6 +35,7 @@ def exported(tmp_path, monkeypatch):
     return manifest, ckpt
 
 
+@pytest.mark.medium
 def test_export_writes_half_precision_weights_and_a_card_with_the_input_and_the_network(exported):
     _, ckpt = exported
     card = shipped.card("vit-ct/tiny")
@@ -49,6 +50,7 @@ def test_export_writes_half_precision_weights_and_a_card_with_the_input_and_the_
     assert shipped.shipped_names() == ["vit-ct/tiny"]
 
 
+@pytest.mark.medium
 def test_shipped_weights_load_by_name_into_the_network_their_card_names(exported):
     model = ViTClassifier(**DEMO_LEVERS, pretrained="vit-ct/tiny").eval()  # the card's input and network
     assert (model.hparams.img_size, model.hparams.in_chans) == (32, 1)
@@ -67,6 +69,7 @@ def test_shipped_weights_load_by_name_into_the_network_their_card_names(exported
         ViTClassifier(pretrained="vit-ct/nothing")
 
 
+@pytest.mark.medium
 def test_fit_from_shipped_weights_builds_their_network_and_follows_their_input(exported, caplog):
     manifest, _ = exported
     with caplog.at_level(logging.INFO):
@@ -77,6 +80,7 @@ def test_fit_from_shipped_weights_builds_their_network_and_follows_their_input(e
     assert any("model.depth: 2 (the network of the weights vit-ct/tiny" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.medium
 def test_a_command_with_a_checkpoint_ignores_the_start_weights_its_config_names(exported, tmp_path, caplog):
     """configs/finetune.yaml names the shipped weights: predicting with a checkpoint of another network takes the
     checkpoint's network and weights, not the shipped ones."""
@@ -104,6 +108,7 @@ OTHER_CPU_SCORE_TOLERANCE = 0.005  # a slice of pointing is 1/242 = 0.0041
 OTHER_CPU_HD95_TOLERANCE_MM = 0.5
 
 
+@pytest.mark.medium
 def test_export_takes_the_cards_figures_from_a_record_of_these_weights_only(exported, tmp_path):
     from vit_ct.run.records import write_record
 

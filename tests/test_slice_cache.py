@@ -212,6 +212,7 @@ validate_manifest_files(read_manifest(sys.argv[1]), progress=False, record=Check
 """
 
 
+@pytest.mark.medium
 def test_a_preprocessing_run_killed_mid_write_resumes_without_corrupt_slots(tmp_path):
     manifest = mixed_manifest(tmp_path / "data")
     folder = tmp_path / "cache"

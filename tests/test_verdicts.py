@@ -106,6 +106,7 @@ def _write_in_a_process(path, prefix, map_verdict, start, count):
         verdicts.record(f"shared{i}", **({"map": map_verdict} if prefix == "p" else {"label": "disagree"}))
 
 
+@pytest.mark.medium
 @pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="needs fork (Linux, macOS)")
 def test_two_processes_writing_at_once_lose_nothing(tmp_path):
     """Forked, so the workers start without importing vit_ct again; each has its own file handles and lock."""
