@@ -81,6 +81,7 @@ def test_every_room_has_its_rule():
     f"{sorted(set(ALLOWED) - rooms)}"
 
 
+@pytest.mark.medium
 @pytest.mark.parametrize("room", sorted(ALLOWED))
 def test_each_folder_imports_only_the_folders_below_it(room):
     wrong = {
@@ -142,41 +143,15 @@ def test_no_module_name_in_two_folders():
     assert not twice, {name: sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob(name)) for name in twice}
 
 
-@pytest.mark.parametrize(
-    "class_path",
-    ["vit_ct.simulator.SimulatorDataModule", "vit_ct.datamodule.SyntheticCTDataModule",
-     "vit_ct.datamodule.CTSliceDataModule", "vit_ct.SyntheticCTDataModule"],
-)  # fmt: skip
-def test_class_paths_of_earlier_releases_still_load(tmp_path, capsys, class_path):
+def test_the_public_class_paths_load_in_a_saved_config(tmp_path, capsys):
+    """``class_path: vit_ct.SyntheticCTDataModule`` (the public name, as the README writes it) loads as its module's."""
     config = tmp_path / "config.yaml"
-    init_args = {"manifest": "m.csv"} if class_path.endswith("CTSliceDataModule") else {}
-    config.write_text(yaml.safe_dump({"data": {"class_path": class_path, "init_args": init_args}}))
+    config.write_text(yaml.safe_dump({"data": {"class_path": "vit_ct.SyntheticCTDataModule", "init_args": {}}}))
     with pytest.raises(SystemExit) as exit_info:
         main(["fit", "--config", str(config), "--print_config"])
     assert exit_info.value.code in (0, None)
     printed = yaml.safe_load(capsys.readouterr().out)
-    assert printed["data"]["class_path"].split(".")[-1] == class_path.split(".")[-1]
-
-
-def test_a_class_that_left_a_module_still_there_loads_by_its_old_path_with_a_warning(tmp_path, capsys):
-    """``vit_ct.progress`` stayed (progress bars) while ``EpochLines`` moved to ``vit_ct.run.epoch_progress``: a saved
-    ``--trainer.callbacks+=vit_ct.progress.EpochLines`` still loads, and Python code is told where it lives now."""
-    import vit_ct.progress
-    from vit_ct.run.epoch_progress import EpochLines
-
-    moved = r"vit_ct\.progress\.EpochLines moved to vit_ct\.run\.epoch_progress\.EpochLines"
-    with pytest.warns(DeprecationWarning, match=moved):
-        from vit_ct.progress import EpochLines as old
-    assert old is EpochLines
-    with pytest.raises(AttributeError, match="module 'vit_ct.progress' has no attribute 'Nothing'"):
-        vit_ct.progress.Nothing  # noqa: B018
-    callbacks = [{"class_path": "vit_ct.progress.EpochLines", "init_args": {"always": True}}]
-    config = tmp_path / "config.yaml"
-    config.write_text(yaml.safe_dump({"trainer": {"callbacks": callbacks}}))
-    with pytest.warns(DeprecationWarning, match=moved), pytest.raises(SystemExit) as exit_info:
-        main(["fit", "--config", str(config), "--print_config"])
-    assert exit_info.value.code in (0, None)
-    assert yaml.safe_load(capsys.readouterr().out)["trainer"]["callbacks"] == callbacks
+    assert printed["data"]["class_path"].split(".")[-1] == "SyntheticCTDataModule"
 
 
 def test_the_top_of_the_package_holds_only_its_entry_points():

@@ -10,8 +10,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from vit_ct.run.aliases import register_aliases
-
 # public name -> the module that defines it
 _PUBLIC = {
     "CTBatch": "vit_ct.data.loading.datamodule",
@@ -68,6 +66,3 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *_PUBLIC})
-
-
-register_aliases()
