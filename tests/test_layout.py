@@ -1,10 +1,11 @@
-"""The package's layering, read from the imports (AST), and old ``class_path`` strings that saved configs still hold.
+"""The package's layering, read from the imports (AST), and the public ``class_path`` of a saved config.
 
 Each room imports only the rooms below it, exactly as the README's package map states: ``files`` and ``progress``
 (the foundation) nothing; ``data`` only those, its sub-rooms each only the ones before it in ``transforms``, ``io``,
 ``cache``, ``manifests``, then ``loading`` and ``datasets``; ``sim`` only ``data``; ``explain`` of ``data`` only
 ``transforms`` (the HU windows), no model; ``metrics`` ``data`` and ``explain``; ``model`` those; ``run`` those and
-``sim``; ``predict`` those and ``run``; ``review`` those and ``predict``; ``report`` those and ``review``; ``pacs``
+``sim``; ``predict`` those and ``run``; ``inspection`` (a checkpoint opened with its data) the rooms ``predict`` may
+import, not ``predict``; ``review`` and ``report`` those, ``predict`` and ``inspection``, neither the other; ``pacs``
 (the round trip through a PACS, which runs ``vit-ct predict`` as a process) only the foundation; nothing imports the
 CLI but ``python -m vit_ct``; no import cycle anywhere.
 """
@@ -38,8 +39,9 @@ ALLOWED = {
     "model": {*DATA, "explain", "metrics", "model", *BASE},
     "run": {*DATA, "explain", "metrics", "model", "sim", "run", *BASE},
     "predict": {*DATA, "explain", "metrics", "model", "run", "predict", *BASE},
-    "review": {*DATA, "explain", "metrics", "model", "run", "predict", "review", *BASE},
-    "report": {*DATA, "explain", "metrics", "model", "run", "predict", "review", "report", *BASE},
+    "inspection": {*DATA, "explain", "metrics", "model", "run", "inspection", *BASE},
+    "review": {*DATA, "explain", "metrics", "model", "run", "predict", "inspection", "review", *BASE},
+    "report": {*DATA, "explain", "metrics", "model", "run", "predict", "inspection", "report", *BASE},
     "pacs": {"pacs", *BASE},  # a client of the vit-ct command (predict runs as its own process), not of its modules
 }
 

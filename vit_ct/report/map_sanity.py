@@ -13,11 +13,11 @@ from pathlib import Path
 import torch
 
 from vit_ct.explain.sanity import RandomisationCheck, image_map, rollout_map
+from vit_ct.inspection.loading import resolve_checkpoint, review_datamodule, run_config
+from vit_ct.inspection.map_check import check_map, sanity_slices
 from vit_ct.metrics.schema import PREDICTIONS
 from vit_ct.model import ViTClassifier
 from vit_ct.model.weights_input import unreadable_reason
-from vit_ct.review.loading import resolve_checkpoint, review_datamodule, run_config
-from vit_ct.review.sanity_command import check_map, sanity_slices
 
 SANITY_SLICES = 16  # slices checked: the split's first in manifest order (9 cascade steps of a ViT-Ti each)
 METHODS = {"attention rollout": rollout_map, "floor: image": image_map}  # the map checked, and its contrast
@@ -56,7 +56,7 @@ def sanity_checks(
     seed: int = 0,
 ) -> dict[str, RandomisationCheck]:
     """The check of each of :data:`METHODS` on the first ``slices`` of ``split`` (``all``: every row) of ``manifest``,
-    read as the model was trained (:func:`vit_ct.review.loading.review_datamodule`), compared inside the head."""
+    read as the model was trained (:func:`vit_ct.inspection.loading.review_datamodule`), compared inside the head."""
     datamodule = review_datamodule(model, manifest, split=None if split == "all" else split,
                                    config=run_config(ckpt_path))  # fmt: skip
     chosen = sanity_slices(model, datamodule, slices)

@@ -1,13 +1,12 @@
 """Reviewing a run, behind ``notebooks/attention_review.ipynb``: where the model and slices come from
-(:mod:`~vit_ct.review.loading`), the review table (:mod:`~vit_ct.review.table`) and what it says as a whole
+(:mod:`~vit_ct.inspection.loading`), the review table (:mod:`~vit_ct.review.table`) and what it says as a whole
 (:mod:`~vit_ct.review.summaries`), one case in depth and the export (:mod:`~vit_ct.review.cases`), figures and the case
 browser (:mod:`~vit_ct.review.figures`), a predict output's evidence report as read from its files
 (:mod:`~vit_ct.review.report_view`), the headless notebook runner (:mod:`~vit_ct.review.notebook`,
 ``python -m vit_ct.review``), and the maps' model-randomisation check of a checkpoint
 (:mod:`~vit_ct.review.sanity_command`)."""
 
-from vit_ct.review.cases import METHODS, CaseMaps, case_maps, export_flagged, review_csv
-from vit_ct.review.loading import (
+from vit_ct.inspection.loading import (
     load_review,
     project_path,
     project_root,
@@ -15,6 +14,7 @@ from vit_ct.review.loading import (
     review_datamodule,
     run_config,
 )
+from vit_ct.review.cases import METHODS, CaseMaps, case_maps, export_flagged, review_csv
 from vit_ct.review.predict_run import PredictRun, open_predict_run
 from vit_ct.review.report_view import EvidenceReport, missing_report, open_report
 from vit_ct.review.scan_view import plot_scan, scan_browser, verdicts_so_far

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from vit_ct.files import file_times, record_output, recorded_files
+from vit_ct.inspection.loading import project_path
 from vit_ct.review.figures import HEADLESS_ENV
-from vit_ct.review.loading import project_path
 
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "attention_review.ipynb"
 REVIEW = "review"  # the command, as the review folder's output record names it
@@ -144,8 +144,8 @@ def review_parser() -> argparse.ArgumentParser:
 def review_inputs(parameters: dict) -> dict:
     """What a review reads, resolved as the notebook resolves it: the checkpoint, the manifest and split, and the
     predict output whose scans it shows."""
+    from vit_ct.inspection.loading import resolve_checkpoint
     from vit_ct.model.weights_input import read_checkpoint
-    from vit_ct.review.loading import resolve_checkpoint
 
     defaults = {name: default for name, default, _ in notebook_parameters()}
     given = {**defaults, **parameters}

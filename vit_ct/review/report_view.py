@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from vit_ct.inspection.loading import project_path
 from vit_ct.metrics.schema import PREDICTIONS, RUN_JSON
-from vit_ct.review.loading import project_path
 
 # vit_ct.report.report_files' names, which the review may not import (tests/test_notebook.py holds them equal)
 REPORT_JSON, REPORT_HTML, FIGURES = "report.json", "report.html", "figures"
