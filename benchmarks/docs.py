@@ -10,6 +10,8 @@ The Markdown carries HTML comments, which GitHub does not show, around what is g
     <!-- begin demo-report -->             the report ``make demo`` printed, from the demo's record
     <!-- begin demo-targets -->            the demo's figures against the targets (records demo and faithfulness)
     <!-- begin family-ranges -->           the held-out families beside the pretraining's ranges (from the code)
+    <!-- begin package-map -->             every room and module of vit_ct/, each by its docstring (from the code)
+    <!-- begin package-rooms -->           the top-level rooms of vit_ct/, one line each (from the code)
     ...
     <!-- end -->
 
@@ -153,6 +155,53 @@ def family_ranges_block(records: Records) -> str:
     return family_ranges.markdown(rows) + "\n\n" + text
 
 
+def summary(docstring: str | None) -> str:
+    """A module's docstring to its first clause, in Markdown: up to the first full stop, semicolon or colon (after 20
+    characters) outside brackets, whitespace folded, Sphinx roles and reST literals as code."""
+    text = " ".join((docstring or "").split())
+    text = re.sub(r":\w+:`~?([\w.]+)`", lambda m: f"`{m[1].rsplit('.', 1)[-1]}`", text)  # Sphinx roles: the name
+    text = text.replace("``", "`")  # reST literals as Markdown's
+    depth = 0
+    for i, char in enumerate(text):
+        depth += char in "([" and 1 or -(char in ")]")
+        end_of_word = i + 1 == len(text) or text[i + 1] == " "
+        if depth == 0 and end_of_word and (char in ".;" or (char == ":" and i >= 20)):
+            return text[:i]
+    return text
+
+
+def package_modules(package: Path = ROOT / "vit_ct") -> dict[str, list[tuple[str, str]]]:
+    """Every module of the package by room (``.`` for the top), each with its docstring's :func:`summary`."""
+    import ast
+
+    rooms: dict[str, list[tuple[str, str]]] = {}
+    for path in sorted(package.rglob("*.py")):
+        relative = path.relative_to(package)
+        room = "/".join(relative.parts[:-1]) or "."
+        rooms.setdefault(room, []).append((relative.name, summary(ast.get_docstring(ast.parse(path.read_text())))))
+    return rooms
+
+
+def package_map_block(records: Records) -> str:
+    """Every room and module of ``vit_ct/`` with the first clause of its docstring: the map cannot drift from the
+    code, since it is the code's own words."""
+    lines = []
+    for room, modules in package_modules().items():
+        about = dict(modules).get("__init__.py", "") if room != "." else ""
+        lines.append(f"- **`{'vit_ct' if room == '.' else room}/`**" + (f" {about}" if about else ""))
+        lines += [f"  - `{name}`: {text}" for name, text in modules if room == "." or name != "__init__.py"]
+    return "\n".join(lines)
+
+
+def package_rooms_block(records: Records) -> str:
+    """The top-level rooms of ``vit_ct/`` and the modules at its top, one line each, for the README's overview."""
+    rooms = package_modules()
+    lines = [f"- `{name}`: {text}" for name, text in rooms["."] if name != "__init__.py"]
+    lines += [f"- `{room}/`: {dict(modules).get('__init__.py', '')}" for room, modules in rooms.items()
+              if room != "." and "/" not in room]  # fmt: skip
+    return "\n".join(lines)
+
+
 BLOCKS: dict[str, Callable[..., str]] = {
     "table": table_block,
     "measured": measured_block,
@@ -160,6 +209,8 @@ BLOCKS: dict[str, Callable[..., str]] = {
     "demo-report": demo_report_block,
     "demo-targets": demo_targets_block,
     "family-ranges": family_ranges_block,
+    "package-map": package_map_block,
+    "package-rooms": package_rooms_block,
 }
 
 

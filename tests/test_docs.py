@@ -56,6 +56,23 @@ def test_the_docs_state_no_measured_figure_outside_a_generated_part():
     )
 
 
+def test_the_package_map_is_every_module_in_its_own_words(tmp_path):
+    """docs/architecture.md's map is written from the code: each module named once with its docstring's first
+    clause; a module added, removed or redescribed without `make docs` fails the check above."""
+    modules = docs.package_modules()
+    listed = {f"{room}/{name}" for room, names in modules.items() for name, _ in names}
+    assert listed == {p.relative_to(ROOT / "vit_ct").as_posix() if p.parent != ROOT / "vit_ct" else f"./{p.name}"
+                      for p in (ROOT / "vit_ct").rglob("*.py")}  # fmt: skip
+    undescribed = [f"{room}/{name}" for room, names in modules.items() for name, text in names if len(text) < 10]
+    assert undescribed == [], "give each module a docstring whose first clause says what it holds"
+    assert docs.summary("What a report reads: a model's predictions (a `vit-ct predict` output). More.") == (
+        "What a report reads: a model's predictions (a `vit-ct predict` output)"
+    )
+    assert docs.summary("The model (:mod:`~vit_ct.model.classifier`; ``x``). Rest.") == "The model (`classifier`; `x`)"
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    assert "- **`data/io/`**" in page and "  - `reader.py`: Read one CT slice" in page
+
+
 def test_a_figure_edited_by_hand_fails(tmp_path):
     text = README.read_text()
     figure = next(docs.FIGURE.finditer(text))

@@ -1,6 +1,6 @@
 """The package's layering, read from the imports (AST), and the public ``class_path`` of a saved config.
 
-Each room imports only the rooms below it, exactly as the README's package map states: ``files`` and ``progress``
+Each room imports only the rooms below it, exactly as docs/architecture.md states: ``files`` and ``progress``
 (the foundation) nothing; ``data`` only those, its sub-rooms each only the ones before it in ``transforms``, ``io``,
 ``cache``, ``manifests``, then ``loading`` and ``datasets``; ``sim`` only ``data``; ``explain`` of ``data`` only
 ``transforms`` (the HU windows), no model; ``metrics`` ``data`` and ``explain``; ``model`` those; ``run`` those and
