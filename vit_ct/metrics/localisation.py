@@ -29,7 +29,7 @@ from vit_ct.explain.spacing import pixel_units_note, slice_spacing
 
 # perfect_grid: the ceiling on the rollout's own grid, where it is finer than the patches (--model.map_shifts > 1)
 MAP_SOURCES = ("rollout", "floor_image", "floor_head", "perfect_patch", "perfect_grid")
-SURFACE_DISTANCE_SOURCES = ("rollout", "perfect_patch", "perfect_grid")  # HD95 costs ~20 ms a slice: map, ceilings
+SURFACE_DISTANCE_SOURCES = ("rollout", "perfect_patch", "perfect_grid")  # HD95 is the costliest score: map, ceilings
 # per slice and map source; hd95_px: HD95 of a slice without a pixel spacing, in pixels of its source slice
 SCORES = ("pointing", "energy", "mask_fraction", "pixel_auroc", "dice", "iou", "hd95_mm", "hd95_px")
 _SAID: set[str] = set()  # notes already given by scores_per_slice
@@ -208,7 +208,7 @@ class LocalisationMetrics(Metric):
             without a pixel spacing.
         pixel_spacing_mm: mm per pixel of the maps' grid for slices ``update`` gives no spacing for, when the caller
             knows it; None: such slices are measured in pixels of their source slice (never a guessed mm).
-        surface_distance: Also the 95th-percentile Hausdorff distance (about 20 ms a slice on a CPU core).
+        surface_distance: Also the 95th-percentile Hausdorff distance (the costliest score of a slice).
         **kwargs: Passed to ``torchmetrics.Metric``.
     """
 
@@ -319,7 +319,7 @@ def scores_per_slice(
             ``source_shape``).
         tolerance_mm: Pointing-game tolerance (in source pixels on slices without a pixel spacing).
         sources: The map sources to score.
-        surface_distance: The sources HD95 is computed for (~20 ms a slice); the report adds the image floor.
+        surface_distance: The sources HD95 is computed for (the costliest score); the report adds the image floor.
     """
     mask, head = batch["mask"][:, 0], batch["head"][:, 0]
     n, device = len(mask), mask.device

@@ -23,8 +23,8 @@ def bin_index(prob: np.ndarray, bins: int = BINS) -> np.ndarray:
 
 def calibration_scores(prob: np.ndarray, label: np.ndarray, bins: int = BINS) -> dict[str, float]:
     """``ece``: sum over bins of (share of cases) x |mean P(lesion) - share of positives|, equal to torchmetrics'
-    ``BinaryCalibrationError(n_bins=bins, norm="l1")`` (tested; in numpy because torchmetrics takes 5 ms a call, 10 s
-    for the 2 x 1,000 replicates); ``brier``: mean (P(lesion) - label)^2."""
+    ``BinaryCalibrationError(n_bins=bins, norm="l1")`` (tested; in numpy because torchmetrics' cost per call adds up
+    over the bootstrap's replicates); ``brier``: mean (P(lesion) - label)^2."""
     if not len(prob):
         return {"ece": np.nan, "brier": np.nan}
     label = label.astype(float)

@@ -98,7 +98,7 @@ def follow_checkpoint(config: Namespace, *, command_line: Sequence[str] = ()) ->
 @functools.cache
 def _architecture_values(arch: str) -> dict[str, int]:
     """``embed_dim``, ``depth`` and ``num_heads`` of a timm architecture as timm builds it (on the meta device: no
-    memory, no weights; ~0.2 s): what None means for them in a checkpoint's hyper-parameters."""
+    memory, no weights): what None means for them in a checkpoint's hyper-parameters."""
     import timm
     import torch
 

@@ -1,6 +1,7 @@
 """What ``vit-ct --help`` says: what vit-ct is, every subcommand in one sentence, the options given before a
-subcommand. Standard library only: ``vit-ct --help`` answers from here without importing torch or Lightning (about
-10 s on 2 cores); ``vit-ct SUBCOMMAND --help`` builds the full parser and lists every option.
+subcommand. Standard library only: ``vit-ct --help`` answers from here without importing torch or Lightning (which
+take seconds: ``benchmarks/records/startup.json``); ``vit-ct SUBCOMMAND --help`` builds the full parser and lists
+every option.
 """
 
 from __future__ import annotations

@@ -126,7 +126,7 @@ def simulate_slices(
     acquire: bool = True,
     method: str = "sampled",
 ) -> list[SimulatedSlice]:
-    """Draw `n` slices of one head: anatomy one by one, then one batched acquisition (~1.3x faster than singly).
+    """Draw `n` slices of one head: anatomy one by one, then one batched acquisition (faster than slice by slice).
 
     Args:
         rng: source of all randomness; the same state gives identical slices.
@@ -137,8 +137,8 @@ def simulate_slices(
         bleed_types: force each slice's bleed type (from `BLEED_TYPES`); drawn per `config` when None.
         acquire: simulate the scan; False returns the noiseless anatomy as `hu` (fast, for tests).
         method: the scan's numerical path (`vit_ct.sim.scanner.simulate_acquisition`): "sampled", bit for bit the
-            demo's, or "matrix", ~3-6x faster for 4-16 slices (line integrals equal to ~1e-6; now and then a ray's
-            Poisson draw differs by a photon).
+            demo's, or "matrix", faster for batches of slices (``benchmarks/simulator_throughput.py``; line
+            integrals equal to ~1e-6; now and then a ray's Poisson draw differs by a photon).
     """
     head = head or sample_head(rng)
     if levels is not None and len(levels) != n or bleed_types is not None and len(bleed_types) != n:

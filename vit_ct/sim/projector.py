@@ -4,11 +4,11 @@ Follows Kak & Slaney, "Principles of Computerized Tomographic Imaging" (1988), c
 of `skimage.transform.radon` / `iradon` (circle=True) so the two agree sample for sample on odd-sized grids.
 """
 
-# Written here rather than calling skimage's radon/iradon: those take ~0.5 s per 256x256 slice, one slice at a
-# time. Two ways to compute the same samples: "sampled" interpolates every ray sample with grid_sample (any angles,
-# nothing to set up; ~20 ms per 256 px slice each way); "matrix" sums those very samples once into sparse system
-# matrices and then projects a batch as one sparse x dense product (~3 s and ~110 MB to set up per geometry, then
-# ~4 ms per slice each way in batches of 16, measured by benchmarks/simulator_throughput.py; slower for one slice).
+# Written here rather than calling skimage's radon/iradon, which work one slice at a time and far slower. Two ways
+# to compute the same samples: "sampled" interpolates every ray sample with grid_sample (any angles, nothing to set
+# up); "matrix" sums those very samples once into sparse system matrices (seconds and about a hundred MB to set up
+# per geometry) and then projects a batch as one sparse x dense product, faster in batches and slower for one slice
+# (benchmarks/simulator_throughput.py measures both: benchmarks/records/simulator_throughput.json).
 
 import math
 import warnings
@@ -107,7 +107,7 @@ def _backprojection_geometry(angles: tuple[float, ...], size: int, n_det: int, d
 
 
 class _SparseRows:
-    """A sparse matrix in CSR arrays (int32 indices: MKL's fast path, 4x faster than int64 here) whose row blocks
+    """A sparse matrix in CSR arrays (int32 indices: MKL's fast path, faster than int64 here) whose row blocks
     multiply dense matrices."""
 
     def __init__(self, crow: np.ndarray, col: np.ndarray, value: np.ndarray, n_cols: int, device: str):
@@ -132,8 +132,8 @@ class _SparseRows:
         return block @ dense
 
 
-# The matrices are built in numpy: the loop of small array operations ran 5x slower as torch ops on 2 threads of a
-# busy 2-core machine (24 vs 4.4 s at 256 px), and numpy's run on one thread whatever torch is set to.
+# The matrices are built in numpy: the loop of small array operations ran several times slower as torch ops on 2
+# threads of a busy 2-core machine, and numpy's run on one thread whatever torch is set to.
 
 
 def _bilinear_taps(ix: np.ndarray, iy: np.ndarray, size: int):

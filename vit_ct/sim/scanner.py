@@ -30,8 +30,8 @@ class Reconstruction(NamedTuple):
 def gaussian_blur(image: torch.Tensor, sigma_px: float, *, by_shifts: bool = False) -> torch.Tensor:
     """Separable Gaussian blur of `(B, H, W)` images, sigma in pixels, zero-padded; 0 returns the input.
 
-    `by_shifts` sums shifted copies instead of calling conv2d: equal to ~1e-7 and 4-8x faster on CPU (torch's
-    single-channel conv2d is slow: 7-9 vs 1-2 ms per 256 px slice, batches of 16, one thread).
+    `by_shifts` sums shifted copies instead of calling conv2d: equal to ~1e-7 and faster on CPU, where torch's
+    single-channel conv2d is slow.
     """
     if sigma_px <= 0:
         return image
@@ -135,7 +135,7 @@ def simulate_acquisition(
         hu_gain: calibration gain error, for the batch or `(B,)`: reconstructed HU are multiplied by it ...
         hu_offset: ... and shifted by this many HU (water reads `hu_offset`), inside the field of view.
         method: numerical path: "sampled" (the demo's, stable bit for bit) or "matrix" (the projector's sparse
-            matrices, see `vit_ct.sim.projector`, and a blur by shifts; ~3x faster for batches, equal to ~1e-6
+            matrices, see `vit_ct.sim.projector`, and a blur by shifts; faster for batches, equal to ~1e-6
             before the photon noise, whose draw can then differ by a photon on a ray here and there).
 
     Returns:

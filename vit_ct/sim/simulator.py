@@ -73,8 +73,8 @@ class SimulatedSliceStream(IterableDataset):
         slices_per_head: Slices drawn from one head and scanned as one batch (faster per slice at 128 px or less).
         rotation_deg: In-plane head rotation, drawn uniformly in [-rotation_deg, rotation_deg] degrees.
         scan_method: The scan's numerical path: ``sampled`` (as always) or ``matrix`` (cached sparse projector
-            matrices: ~3x faster per slice at 256 px with 4 slices per head; the same slices but for a photon here
-            and there).
+            matrices: faster per slice in batches, ``benchmarks/simulator_throughput.py``; the same slices but for
+            a photon here and there).
         details: Also yield ``bleed_type``, ``level``, ``kernel`` and ``photons_per_ray`` (not part of CTBatch).
     """
 

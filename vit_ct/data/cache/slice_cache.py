@@ -12,8 +12,7 @@ at every start would cost minutes where a later run should start in seconds. Ins
   it, and then every slot is verified and the changed ones rebuilt; every slot is verified after a reader found one;
 - every batch verifies the slots it gathers, so a changed byte is never trained on: the batch raises `CacheSlotError`
   naming the slot's source image, and marks it for the next check to rebuild. XXH3 hashes about as fast as the
-  gather copies: a batch of 64 slots at 256 px (8 MiB) took 0.9 ms verified against 0.6 ms gathered on a quiet 2-core
-  VM (`benchmarks/records/startup_cache.json`); zlib's CRC-32 took ten times XXH3's time.
+  gather copies (`benchmarks/startup_cache.py` times a batch verified and gathered); zlib's CRC-32 was far slower.
 """
 
 from __future__ import annotations
