@@ -21,6 +21,9 @@ The Markdown carries HTML comments, which GitHub does not show, around what is g
 
     python benchmarks/docs.py            # write the generated parts
     python benchmarks/docs.py --check    # list what differs, write nothing (exit status 1 if anything does)
+
+Both also list the records measured with earlier code (their fingerprinted files changed since, or written before
+records kept one) or on a tree with uncommitted changes: what to measure again.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from vit_ct.run.records import RECORDS, cell, describe, duration, markdown_table, read_record
+from vit_ct.run.records import RECORDS, cell, changed_code, describe, duration, markdown_table, read_record
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"<!-- begin (?P<spec>[^>]*?) -->\n(?P<body>.*?)<!-- end -->", re.DOTALL)
@@ -135,6 +138,10 @@ def demo_targets_block(records: Records) -> str:
             f["rollout_deletion"] < min(f["grad_cam_deletion"], f["floor_image_deletion"])
         )
         slices = records["faithfulness"]["notes"]["slices"]
+        faithfulness, demo = records["faithfulness"], records["demo"]
+        if faithfulness.get("commit") != demo.get("commit"):  # another run's checkpoint: said in the row itself
+            changes = " with uncommitted changes" if faithfulness.get("dirty") else ""
+            values += f" (not this run: an earlier demo run's checkpoint, commit {faithfulness['commit'][:7]}{changes})"
         rows.append((f"deletion AUC, {slices} lesion slices (lower is better): rollout / last-block attention / "
                      "gradient rollout / Grad-CAM / image", values,
                      "rollout <= last-block and gradient rollout; < Grad-CAM and image", met))  # fmt: skip
@@ -277,7 +284,27 @@ def main(argv: list[str] | None = None) -> int:
         changed += found
     for line in changed:
         print(("differs: " if args.check else "written: ") + line)
+    for line in stale_records(args.records):
+        print(line)
     return 1 if changed and args.check else 0
+
+
+def stale_records(folder: Path = RECORDS) -> list[str]:
+    """One line per record whose measured code changed since (:func:`vit_ct.run.records.changed_code`), or that
+    was measured on a tree with uncommitted changes, or written before records kept their code: what to measure
+    again before its figures are read as the current code's."""
+    lines = []
+    for path in sorted(folder.glob("*.json")):
+        record = read_record(path.stem, folder)
+        changed = changed_code(record)
+        if changed is None:
+            lines.append(f"earlier code: {path.stem} (written before records kept the code they ran)")
+        elif changed:
+            shown = ", ".join(changed[:4]) + (f" and {len(changed) - 4} more" if len(changed) > 4 else "")
+            lines.append(f"earlier code: {path.stem} ({shown} changed since)")
+        if record.get("dirty"):
+            lines.append(f"uncommitted: {path.stem} (measured on commit {str(record.get('commit'))[:7]} with changes)")
+    return lines
 
 
 if __name__ == "__main__":

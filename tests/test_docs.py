@@ -12,15 +12,70 @@ import pytest
 from conftest import ROOT, load_benchmark
 
 from vit_ct.run import records as records_module
-from vit_ct.run.records import RECORDS, duration, markdown_table, read_record, table, write_record
+from vit_ct.run.records import (
+    RECORDS,
+    changed_code,
+    code_fingerprint,
+    duration,
+    markdown_table,
+    read_record,
+    table,
+    write_record,
+)
 from vit_ct.run.summary import report
 
 docs = load_benchmark("docs")
 README = ROOT / "README.md"
-# A measured figure outside a generated part: a duration, a size, a speed-up, a rate, a 3-decimal score.
+# A measured figure outside a generated part: a duration, a size, a speed-up, a rate, a score of two or more
+# decimals, a percentage, a ratio in words.
 MEASURED = re.compile(
-    r"\b\d[\d,]*(\.\d+)? ?(ms|s|min|h|GB|MB|GiB|MiB)\b|\b\d+(\.\d+)?x\b|\b0\.\d{3}\b|\b\d[\d,.]* (slices|images)/s"
+    r"\b\d[\d,]*(\.\d+)? ?(ms|s|min|h|GB|MB|GiB|MiB)\b|\b\d+(\.\d+)?x\b|\b0\.\d{2,}\b|\b\d[\d,.]* (slices|images)/s"
+    r"|\b\d+(\.\d+)?\s?%|\bhalf the (time|memory)\b"
+    r"|\b(twice|thrice|(two|three|four|five|six|seven|eight|nine|ten) times) (as|faster|slower|more|less|fewer)\b",
+    re.IGNORECASE,
 )
+# The same shapes that are settings, formats or examples, not measurements: allowed in these phrases only (the
+# paragraph, whitespace folded, must hold the phrase around the figure), each with its source.
+SETTINGS = {
+    "95% interval": "the report's intervals: a setting",
+    "95% intervals": "the report's intervals: a setting",
+    "95% specificity": "an operating point the report defines",
+    "90% / 95%": "operating points the report defines",
+    "at least 90% / 95%": "the operating points' definition",
+    "90% (95%)": "the operating points' definition",
+    "zoom ±10%": "augmentation range (configs, augment.py)",
+    "shift ±6%": "augmentation range",
+    "up to 6% of the side": "augmentation range",
+    "10%) and shifts": "augmentation range",
+    "rotation (10%)": "the simulator's draw",
+    "(2%, clip": "the simulator's draw",
+    "(25% of scanners)": "simulator",
+    "for 30% of patients": "simulator",
+    "gain (±2%)": "simulator",
+    "0.82-1.08": "simulator head sizes",
+    "0-0.12": "the pretraining's draw",
+    "low_contrast_fraction: 0.15": "a config value",
+    "chance 0.35": "the held-out set's draw (sim)",
+    "at least 1% of the pixels": "the reader's rule (dicom.py)",
+    "only 0% of the pixels": "an error message quoted",
+    "steps of 0.01": "the report's grid",
+    "specificity >= 0.90": "the operating point's definition",
+    "std 0.02": "timm's init scheme",
+    "decay 0.75": "a config value",
+    "decay 0.999": "an option's example",
+    "layer_decay 0.65": "an option",
+    "timm 1.0.31": "a version",
+    "0.03 HU steps": "float16's resolution",
+    "four times the passes": "4 x 4 vs 2 x 2",
+    "train/loss 0.5120": "an example line",
+    "val/loss 0.4980": "an example line",
+    "val/auroc 0.8710": "example",
+    "val/scan_auroc 0.9000": "an example line",
+    "P(lesion) 0.873": "an example caption",
+    "several times as much": "points at the table above",
+    "( to 0.75)": "an option's range (after a code span)",
+    "HD95 within 0.01 mm": "the card test's tolerance (tests/test_shipped.py)",
+}
 # Numbers the docs state as prose without a record, each with where it comes from (the issue's rule: a paper's
 # figure, a configuration value, a fact of the file format or the code).
 PROSE = {
@@ -32,10 +87,12 @@ PROSE = {
 }
 
 
-def generated_parts_removed(text: str) -> str:
+def generated_parts_removed(text: str, *, keep_bare_figures: bool = False) -> str:
     text = docs.BLOCK.sub("", text)
     text = docs.FIGURE.sub("", text)
     text = re.sub(r"```.*?```", "", text, flags=re.DOTALL)  # commands and sample output
+    if keep_bare_figures:  # `0.99` or `12 s` alone in a code span is a figure dressed as code
+        text = re.sub(r"`\s*([\d.,]+\s?(%|x|s|ms|min)?)\s*`", r"\1", text)
     return re.sub(r"`[^`]*`", "", text)  # code, options and examples: `--trainer.callbacks.decay 0.999`
 
 
@@ -44,13 +101,24 @@ def test_every_generated_part_of_the_readme_and_docs_equals_its_record():
     assert not found, "run `make docs` (or measure again):\n" + "\n".join(found)
 
 
-def test_the_docs_state_no_measured_figure_outside_a_generated_part():
+def stray_figures(text: str, name: str = "<text>") -> list[str]:
+    """Measurement-shaped figures of ``text`` outside generated parts and code, neither a stated setting
+    (:data:`SETTINGS`) nor a reviewed prose number (:data:`PROSE`); a code span holding only a figure is read too."""
     stray = []
-    for path in docs.documents():
-        for line in generated_parts_removed(path.read_text()).splitlines():
-            for match in MEASURED.finditer(line):
-                if match.group(0).strip() not in PROSE:
-                    stray.append(f"{path.name}: {match.group(0)!r} in {line.strip()[:100]!r}")
+    text = generated_parts_removed(text, keep_bare_figures=True)
+    for paragraph in re.split(r"\n\s*\n", text):
+        folded = " ".join(paragraph.split())
+        for match in MEASURED.finditer(folded):
+            figure = match.group(0).strip()
+            around = folded[max(0, match.start() - 40) : match.end() + 40]
+            if figure in PROSE or any(figure in phrase and phrase in around for phrase in SETTINGS):
+                continue
+            stray.append(f"{name}: {figure!r} in {around!r}")
+    return stray
+
+
+def test_the_docs_state_no_measured_figure_outside_a_generated_part():
+    stray = [line for path in docs.documents() for line in stray_figures(path.read_text(), path.name)]
     assert not stray, "figures without a record (measure them into one and mark them, or remove them):\n" + "\n".join(
         stray
     )
@@ -71,6 +139,14 @@ def test_the_package_map_is_every_module_in_its_own_words(tmp_path):
     assert docs.summary("The model (:mod:`~vit_ct.model.classifier`; ``x``). Rest.") == "The model (`classifier`; `x`)"
     page = (ROOT / "docs" / "architecture.md").read_text()
     assert "- **`data/io/`**" in page and "  - `reader.py`: Read one CT slice" in page
+
+
+def test_a_figure_written_outside_the_markers_is_seen():
+    """What a careless edit adds: percentages, two-decimal scores, figures in code spans and ratios in words."""
+    added = "AUROC 0.99 on real CT, 97% sensitivity, `0.995` pixel AUROC, twice as fast as nnU-Net."
+    found = [line.split(": ", 1)[1].split(" in ")[0] for line in stray_figures(added)]
+    assert found == ["'0.99'", "'97%'", "'0.995'", "'twice as'"]
+    assert stray_figures("the report's 95% intervals by patient; zoom ±10%") == []  # stated settings
 
 
 def test_a_figure_edited_by_hand_fails(tmp_path):
@@ -158,3 +234,33 @@ def test_the_readme_sample_output_has_the_rows_and_columns_the_demo_prints_today
 
 def test_the_demo_left_the_checkout_as_it_was():
     assert read_record("demo")["notes"]["tracked_files_unchanged"]
+
+
+def test_a_record_keeps_the_code_it_ran_and_the_check_lists_what_changed_since(tmp_path):
+    path = write_record("r", {"auroc": 0.9}, command="python benchmarks/docs.py --config configs/demo.yaml",
+                        folder=tmp_path, git={"commit": "abc", "dirty": False})  # fmt: skip
+    record = read_record("r", tmp_path)
+    assert {"vit_ct/run/records.py", "configs/demo.yaml", "benchmarks/docs.py"} <= set(record["code"])
+    assert changed_code(record) == []  # the code as it is now
+    root = tmp_path / "checkout"
+    (root / "configs").mkdir(parents=True)
+    (root / "configs" / "x.yaml").write_text("a: 1\n")
+    code = code_fingerprint("vit-ct fit --config configs/x.yaml", root=root)
+    assert list(code) == ["configs/x.yaml"]  # this process's vit_ct modules lie outside that root
+    (root / "configs" / "x.yaml").write_text("a: 2\n")
+    assert changed_code({"code": code}, root=root) == ["configs/x.yaml"]
+    assert changed_code({"figures": {}}) is None  # written before records kept their code
+    old = json.loads(path.read_text())
+    old.pop("code")
+    path.write_text(json.dumps({**old, "dirty": True}))
+    assert docs.stale_records(tmp_path) == [
+        "earlier code: r (written before records kept the code they ran)",
+        "uncommitted: r (measured on commit abc with changes)",
+    ]
+
+
+def test_the_projects_records_refuse_a_tree_with_uncommitted_changes():
+    before = sorted(RECORDS.glob("*.json"))
+    with pytest.raises(ValueError, match=r"record never: the checkout had uncommitted changes .* commit, then measure"):
+        write_record("never", {"x": 1}, command="python x.py", git={"commit": "abc", "dirty": True})
+    assert sorted(RECORDS.glob("*.json")) == before

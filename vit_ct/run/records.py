@@ -7,6 +7,7 @@ keeps them equal.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import math
 import os
@@ -61,6 +62,40 @@ def git_state(folder: Path = ROOT) -> dict[str, Any]:
     except (OSError, subprocess.CalledProcessError):
         return {"commit": None, "dirty": None}
     return {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip())}
+
+
+def code_fingerprint(command: str, root: Path = ROOT) -> dict[str, str]:
+    """The code a measurement ran, file by file (path relative to the checkout -> the first 16 hex digits of its
+    SHA-256): every ``vit_ct`` module this process imported, the configs the command names (``--config``) and the
+    script it runs. A measurement that starts ``vit-ct`` as a process imports most of what that process does too, so
+    this is the code to compare, not a proof: :func:`changed_code` says which of these files differ since."""
+    files = {Path(m.__file__) for name, m in list(sys.modules.items())
+             if name.split(".")[0] == "vit_ct" and getattr(m, "__file__", None)}  # fmt: skip
+    words = shlex.split(command)
+    files |= {root / b for a, b in zip(words, words[1:], strict=False) if a == "--config"}
+    files |= {root / w for w in words if w.startswith("benchmarks/") and w.endswith(".py")}
+    found = {}
+    for path in sorted(files):
+        path = path.resolve()
+        if path.is_file() and path.is_relative_to(root):
+            found[path.relative_to(root).as_posix()] = _digest(path)
+    return found
+
+
+def changed_code(record: dict[str, Any], root: Path = ROOT) -> list[str] | None:
+    """The files of a record's :func:`code_fingerprint` that differ now (or are gone); None for a record written
+    before records kept one."""
+    if "code" not in record:
+        return None
+    now = {}
+    for relative in record["code"]:
+        path = root / relative
+        now[relative] = _digest(path) if path.is_file() else None
+    return sorted(relative for relative, digest in record["code"].items() if now[relative] != digest)
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
 def command_line(script: str, argv: list[str] | None = None) -> str:
@@ -149,14 +184,26 @@ def write_record(
         folder: where records are kept.
         git: the commit and whether the tree had changes when the measurement started (default: :func:`git_state`
             now); a long measurement takes it at its start, since others may commit meanwhile.
+
+    Raises:
+        ValueError: a bad name; or, for the project's records (``benchmarks/records/``), a tree with uncommitted
+            changes, since the docs state figures of committed code only. The record keeps the code it ran
+            (:func:`code_fingerprint`), so that ``benchmarks/docs.py --check`` can list what changed since.
     """
     if not NAME.fullmatch(name):
         raise ValueError(f"record name {name!r}: expected lower case letters, digits, '-' and '_'")
+    git = git or git_state()
+    if git.get("dirty") and Path(folder).resolve() == RECORDS.resolve():
+        raise ValueError(
+            f"record {name}: the checkout had uncommitted changes when the measurement started; a record the docs"
+            " state measures committed code: commit, then measure again"
+        )
     record = {
         "name": name,
         "command": command,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        **(git or git_state()),
+        **git,
+        "code": code_fingerprint(command),
         "machine": machine(),
         "seconds": None if seconds is None else round(float(seconds), 1),
         "figures": figures,
