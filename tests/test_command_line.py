@@ -106,8 +106,8 @@ def test_the_public_names_load_on_first_use():
         "import sys, vit_ct; assert 'torch' not in sys.modules and 'rich' not in sys.modules;"
         " from vit_ct import ViTClassifier, attention_rollout;"
         " from vit_ct.model.classifier import ViTClassifier as C; assert ViTClassifier is C;"
-        " import vit_ct.datamodule as old;"
-        " assert old.CTSliceDataModule is vit_ct.CTSliceDataModule; ns = {}; exec('from vit_ct import *', ns);"
+        " from vit_ct.data.loading.datamodule import CTSliceDataModule as D; assert vit_ct.CTSliceDataModule is D;"
+        " ns = {}; exec('from vit_ct import *', ns);"
         " assert set(vit_ct.__all__) <= set(ns); print('ok')"
     )
     run = _run(sys.executable, "-c", code)
