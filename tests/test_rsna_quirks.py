@@ -147,3 +147,25 @@ def test_finetune_runs_on_the_rsna_converters_manifest_with_default_options(kagg
                   "--data.init_args.batch_size", "4", "--data.init_args.num_workers", "0", "--trainer.max_epochs",
                   "1", cwd=tmp_path)  # fmt: skip
     assert f"rsna.csv: 2 slices with {UNWRAPPED} (RSNA 2019's known fault" in fit.stdout + fit.stderr
+
+
+def test_a_short_file_is_found_with_or_without_pydicoms_deferred_elements(tmp_path, monkeypatch):
+    from pydicom.dataset import Dataset
+
+    from vit_ct.data.io.dicom import pixel_bytes_problem
+
+    whole, short = tmp_path / "whole.dcm", tmp_path / "short.dcm"
+    write_ct_dicom(whole, phantom_hu(64, 0), "ID_p")
+    short.write_bytes(whole.read_bytes()[:-3000])
+    assert pixel_bytes_problem(whole) is None
+    assert pixel_bytes_problem(short) == "pixel data is truncated (the file ends 3000 bytes before it does)"
+    real = Dataset.get_item
+
+    def older(self, key, **kwargs):  # a pydicom whose get_item takes no keep_deferred
+        if kwargs:
+            raise TypeError("get_item() got an unexpected keyword argument 'keep_deferred'")
+        return real(self, key)
+
+    monkeypatch.setattr(Dataset, "get_item", older)
+    assert pixel_bytes_problem(whole) is None
+    assert pixel_bytes_problem(short).startswith("pixel data is truncated")

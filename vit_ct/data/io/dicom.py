@@ -274,7 +274,10 @@ def pixel_bytes_problem(path: Path) -> str | None:
     None where nothing is wrong."""
     try:
         ds = pydicom.dcmread(path, defer_size=256)  # values above 256 bytes stay on disk: their lengths are known
-        raw = ds.get_item("PixelData", keep_deferred=True)
+        try:
+            raw = ds.get_item("PixelData", keep_deferred=True)
+        except TypeError:  # a pydicom without keep_deferred: the bytes are read and checked below instead
+            raw = None
         syntax = ds.file_meta.get("TransferSyntaxUID") if hasattr(ds, "file_meta") else None
         if raw is None or syntax is None or syntax.is_encapsulated or raw.length == 0xFFFFFFFF:
             probe_dicom(path, None if get_nr_frames(ds, warn=False) == 1 else 0)
