@@ -87,11 +87,8 @@ def changed_code(record: dict[str, Any], root: Path = ROOT) -> list[str] | None:
     before records kept one."""
     if "code" not in record:
         return None
-    now = {}
-    for relative in record["code"]:
-        path = root / relative
-        now[relative] = _digest(path) if path.is_file() else None
-    return sorted(relative for relative, digest in record["code"].items() if now[relative] != digest)
+    return sorted(relative for relative, digest in record["code"].items()
+                  if not (root / relative).is_file() or _digest(root / relative) != digest)  # fmt: skip
 
 
 def _digest(path: Path) -> str:

@@ -17,10 +17,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import pydicom
 from rich.progress import MofNCompleteColumn
 
-from vit_ct.data.io.dicom import pixel_bytes_problem
+from vit_ct.data.io.dicom import pixel_bytes_problem, read_deferred
 from vit_ct.progress import Progress
 
 # Column order of the manifest and of the model outputs.
@@ -75,18 +74,14 @@ def read_rsna_labels(labels_csv: str | os.PathLike) -> pd.DataFrame:
 
 
 def _slice_header(path: Path) -> tuple[str | None, str | None]:
-    """(PatientID, why its pixel data cannot be decoded or None) of one slice, from its header and size."""
-    return _patient_id(path), pixel_bytes_problem(path)
-
-
-def _patient_id(path: Path) -> str | None:
-    """PatientID from the header only (``stop_before_pixels``): a few kB read per file."""
+    """(PatientID, why its pixel data cannot be decoded or None) of one slice, from one read of its header (the
+    pixel bytes stay on disk) and its size."""
     try:
-        ds = pydicom.dcmread(path, stop_before_pixels=True, specific_tags=["PatientID"])
-    except Exception:  # a damaged file is reported by the manifest check, with its reason, not here
-        return None
+        ds = read_deferred(path)
+    except Exception:  # pixel_bytes_problem reads it again and says why
+        return None, pixel_bytes_problem(path)
     value = ds.get("PatientID")
-    return str(value) if value else None
+    return (str(value) if value else None), pixel_bytes_problem(path, ds)
 
 
 def build_rsna_manifest(

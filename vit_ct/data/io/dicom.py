@@ -267,13 +267,18 @@ def read_dicom_hu(
     return hu.astype(np.float32), note
 
 
-def pixel_bytes_problem(path: Path) -> str | None:
+def read_deferred(path: Path) -> Dataset:
+    """The whole header, values above 256 bytes (the pixel data) left on disk with their lengths known."""
+    return pydicom.dcmread(path, defer_size=256)
+
+
+def pixel_bytes_problem(path: Path, ds: Dataset | None = None) -> str | None:
     """Why a DICOM file's pixel data cannot be decoded, from its header and its size (the pixel bytes are not read
     where they are uncompressed): fewer bytes declared than Rows x Columns x frames x bits need, or a file that ends
     before them (RSNA 2019's ``ID_6431af929.dcm``). Compressed data is read and its fragments found (`probe_dicom`).
-    None where nothing is wrong."""
+    None where nothing is wrong. ``ds``: the file as :func:`read_deferred` read it, where the caller has it."""
     try:
-        ds = pydicom.dcmread(path, defer_size=256)  # values above 256 bytes stay on disk: their lengths are known
+        ds = read_deferred(path) if ds is None else ds
         try:
             raw = ds.get_item("PixelData", keep_deferred=True)
         except TypeError:  # a pydicom without keep_deferred: the bytes are read and checked below instead
