@@ -214,18 +214,6 @@ def _wrapped_12_bit(path: Path, ds: Dataset, stored: np.ndarray, rescale: tuple[
     return share >= WRAP_EVIDENCE
 
 
-def load_dicom(
-    path: Path,
-    frame: int | None,
-    *,
-    modalities: tuple[str, ...] | None = CT_MODALITIES,
-    stored_values_are_hu: bool = False,
-) -> np.ndarray:
-    """(rows, columns) float32 HU of one frame: rescale from the functional groups or the top level (or the modality
-    LUT), pixel padding set to air (-1000 HU); refused unless its values are HU (`check_values_are_hu`)."""
-    return read_dicom_hu(path, frame, modalities=modalities, stored_values_are_hu=stored_values_are_hu)[0]
-
-
 def read_dicom_hu(
     path: Path,
     frame: int | None,
@@ -233,8 +221,10 @@ def read_dicom_hu(
     modalities: tuple[str, ...] | None = CT_MODALITIES,
     stored_values_are_hu: bool = False,
 ) -> tuple[np.ndarray, str]:
-    """:func:`load_dicom`'s HU and a note of what was corrected on the way ("" for nothing): :data:`UNWRAPPED` for
-    RSNA's wrapped 12-bit slices, read as ``(stored + 1000) mod 4096`` with intercept -1000."""
+    """(rows, columns) float32 HU of one frame: rescale from the functional groups or the top level (or the modality
+    LUT), pixel padding set to air (-1000 HU); refused unless its values are HU (`check_values_are_hu`). With it a
+    note of what was corrected on the way ("" for nothing): :data:`UNWRAPPED` for RSNA's wrapped 12-bit slices, read
+    as ``(stored + 1000) mod 4096`` with intercept -1000."""
     ds = read_dicom(path)
     index, n = _dicom_frame(path, ds, frame)
     check_values_are_hu(path, ds, index, modalities=modalities, stored_values_are_hu=stored_values_are_hu)
