@@ -23,10 +23,10 @@ import torch
 import yaml
 
 from vit_ct import SyntheticCTDataModule
-from vit_ct.model import ViTClassifier
 from vit_ct.model.network import attention_keys
 from vit_ct.run.hardware import auto_precision, describe_machine
 from vit_ct.run.records import RECORDS, command_line, markdown_table, table, write_record
+from vit_ct.task import ViTClassifier
 
 DEMO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
 DEMO_DATA = Path("data/synthetic")  # where `make demo` builds the set (built here if it is not)

@@ -30,9 +30,9 @@ from vit_ct.explain.maps import explain_gradient_rollout, localisation_maps
 from vit_ct.explain.occlusion import BASELINE_HU, brain_baseline, occlusion_sensitivity
 from vit_ct.explain.rollout import last_block_attention
 from vit_ct.metrics.localisation import LocalisationMetrics, model_grid_spacing_mm
-from vit_ct.model import ViTClassifier
 from vit_ct.run.hardware import describe_machine
 from vit_ct.run.records import RECORDS, table, write_record
+from vit_ct.task import ViTClassifier
 
 # Deletion fills with normal brain (vit_ct.explain.occlusion.brain_baseline): grey/white matter average ~30 HU, below
 # fresh blood (50-90 HU), so a deleted patch loses exactly the hyperdensity that marks a bleed and gains no new

@@ -24,8 +24,8 @@ from faithfulness import lesion_slices, map_areas, patch_counts  # noqa: E402  (
 from vit_ct.data.loading.datamodule import CTSliceDataModule  # noqa: E402
 from vit_ct.explain.occlusion import brain_baseline  # noqa: E402
 from vit_ct.explain.sanity import model_randomisation, rollout_map  # noqa: E402
-from vit_ct.model import ViTClassifier  # noqa: E402
 from vit_ct.run.records import RECORDS, command_line, git_state, table, timed_vit_ct, write_record  # noqa: E402
+from vit_ct.task import ViTClassifier  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MANIFEST_CONFIG = ROOT / "configs" / "manifest.yaml"  # the user's slices, the checkpoint's input

@@ -15,10 +15,11 @@ import torch
 from vit_ct.data.transforms.model_input import apply_windows, grid_hu
 from vit_ct.explain.maps import explain_gradient_rollout
 from vit_ct.explain.sanity import RandomisationCheck, image_map, model_randomisation, rollout_map
-from vit_ct.model import ViTClassifier, shipped
+from vit_ct.model import shipped
 from vit_ct.run.hardware import describe_machine
 from vit_ct.run.records import RECORDS, command_line, table, write_record
 from vit_ct.sim.cohort import simulate_cohort_patient
+from vit_ct.task import ViTClassifier
 
 USAGE = """example (~2 min on 2 CPU cores):
   .venv/bin/python benchmarks/map_sanity.py --patients 6 --figure docs/map_sanity.png

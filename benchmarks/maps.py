@@ -22,9 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from faithfulness import score_methods  # noqa: E402  (a sibling script, not a package)
 
 from vit_ct.data.transforms.windows import parse_windows  # noqa: E402
-from vit_ct.model import ViTClassifier  # noqa: E402
 from vit_ct.run.hardware import describe_machine  # noqa: E402
 from vit_ct.run.records import RECORDS, write_record  # noqa: E402
+from vit_ct.task import ViTClassifier  # noqa: E402
 
 # Every variant names all four levers, so that changing a default in the code does not change what a row measures.
 LEVERS = ("mask_air", "reg_tokens", "attention_loss_weight", "attention_target")

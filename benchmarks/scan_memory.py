@@ -1,6 +1,6 @@
 """Peak memory of training from scan labels beside slice labels, on one large manifest: the same slices listed twice,
 once with a label per slice (``label``) and once with one label per scan only (``scan_label``, multiple-instance
-learning, :mod:`vit_ct.model.scan_bags`), each trained by the installed ``vit-ct fit`` in a fresh process, the two
+learning, :mod:`vit_ct.task.scan_bags`), each trained by the installed ``vit-ct fit`` in a fresh process, the two
 alternated, at each ``data.cache``. Each process's peak resident memory comes from the kernel (``wait4``), and a probe
 inside the run reports the largest batch, the most slices of one scan in a batch, the scans cut across batches and
 the scan-bag memory's size, so that the record shows whether a scan is ever held whole beyond one batch.

@@ -22,10 +22,11 @@ from vit_ct.data.loading.slice_dataset import CTSliceDataset, collate
 from vit_ct.data.manifests.manifest import read_manifest
 from vit_ct.explain.maps import localisation_maps
 from vit_ct.metrics.localisation import LocalisationMetrics, model_grid_spacing_mm
-from vit_ct.model import ViTClassifier, shipped
+from vit_ct.model import shipped
 from vit_ct.run.hardware import describe_machine
 from vit_ct.run.records import RECORDS, command_line, write_record
 from vit_ct.sim.pretraining import write_pretraining_set
+from vit_ct.task import ViTClassifier
 
 USAGE = """example (the card's figures; ~2 min on 2 CPU cores once the set is written):
   .venv/bin/python benchmarks/shipped_card.py vit-ct/headct-tiny-256 --root data/card-test

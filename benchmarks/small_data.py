@@ -45,13 +45,13 @@ from vit_ct.explain.maps import upsampled_rollout
 from vit_ct.explain.segmentation import perfect_patch_map
 from vit_ct.metrics.localisation import LocalisationMetrics, model_grid_spacing_mm, score_slices
 from vit_ct.metrics.sink import mass_share
-from vit_ct.model import ViTClassifier
-from vit_ct.model.optim import warmup_cosine_schedule
 from vit_ct.run.hardware import auto_precision, describe_machine
 from vit_ct.run.records import RECORDS, table, write_record
 from vit_ct.sim.phantom import PhantomConfig
 from vit_ct.sim.projector import Kernel
 from vit_ct.sim.synthetic import build_synthetic_dataset
+from vit_ct.task import ViTClassifier
+from vit_ct.task.optim import warmup_cosine_schedule
 
 WINDOWS = ["brain", "subdural"]  # as configs/pretrain.yaml and configs/finetune.yaml
 FINETUNE = Path(__file__).resolve().parents[1] / "configs" / "finetune.yaml"

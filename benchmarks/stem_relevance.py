@@ -45,8 +45,8 @@ from vit_ct.explain.occlusion import brain_baseline  # noqa: E402
 from vit_ct.explain.pixels import POWER, SMOOTH_PX, smooth, spread_over_pixels  # noqa: E402
 from vit_ct.explain.sanity import model_randomisation, rollout_map  # noqa: E402
 from vit_ct.explain.shifted import READ_SHIFTS  # noqa: E402
-from vit_ct.model import ViTClassifier  # noqa: E402
 from vit_ct.run.records import RECORDS, command_line, git_state, table, write_record  # noqa: E402
+from vit_ct.task import ViTClassifier  # noqa: E402
 
 METHODS = ("rollout, one pass", "rollout, 2 x 2", "stem gradient x input", "rollout x stem share",
            "rollout x stem share^1/2 (map_pixels)")  # fmt: skip

@@ -151,8 +151,8 @@ def plain_child(path: str, precision: str, epochs: int, device: str, allocator: 
     """The plain loop, in a process of its own with torch's defaults (``allocator``: and with glibc's allocator set
     as vit-ct sets it, :mod:`vit_ct.run.allocator`): prints its milliseconds per step by cause (JSON). On CUDA the
     causes are the host's time, not synchronised (only the epochs' ends are)."""
-    from vit_ct.model import ViTClassifier
     from vit_ct.run.allocator import keep_freed_memory
+    from vit_ct.task import ViTClassifier
 
     if allocator and not keep_freed_memory():
         raise SystemExit("the plain loop: glibc's allocator could not be set here")

@@ -10,8 +10,8 @@ import torch
 from conftest import DEMO_LEVERS
 
 from vit_ct.explain.rollout import class_token_rollout
-from vit_ct.model import ViTClassifier
-from vit_ct.model.losses import PatchLosses
+from vit_ct.task import ViTClassifier
+from vit_ct.task.losses import PatchLosses
 
 BUILT = dict(DEMO_LEVERS, img_size=32, in_chans=1, embed_dim=32, depth=2, num_heads=2, drop_path_rate=0.0)
 

@@ -12,8 +12,8 @@ from lightning.pytorch.loggers import WandbLogger
 from PIL import Image
 
 from vit_ct.data.loading.datamodule import CTSliceDataModule
-from vit_ct.model import ViTClassifier
 from vit_ct.run.wandb_media import RolloutOverlayCallback
+from vit_ct.task import ViTClassifier
 
 torch.set_num_threads(1)
 

@@ -23,9 +23,9 @@ from npy_manifest import DEMO, MANIFEST, manifest_args, write_npy_manifest
 from wandb_records import history_and_config
 
 from vit_ct.cli import main
-from vit_ct.model.classifier import ViTClassifier
 from vit_ct.run.learning_rate import _rates_by_schedule
 from vit_ct.run.summary import metric_lines, report
+from vit_ct.task.classifier import ViTClassifier
 
 ROOT = Path(__file__).resolve().parents[1]
 VIT_CT = str(Path(sys.executable).with_name("vit-ct"))
@@ -105,7 +105,7 @@ def test_the_public_names_load_on_first_use():
     code = (
         "import sys, vit_ct; assert 'torch' not in sys.modules and 'rich' not in sys.modules;"
         " from vit_ct import ViTClassifier, attention_rollout;"
-        " from vit_ct.model.classifier import ViTClassifier as C; assert ViTClassifier is C;"
+        " from vit_ct.task.classifier import ViTClassifier as C; assert ViTClassifier is C;"
         " from vit_ct.data.loading.datamodule import CTSliceDataModule as D; assert vit_ct.CTSliceDataModule is D;"
         " ns = {}; exec('from vit_ct import *', ns);"
         " assert set(vit_ct.__all__) <= set(ns); print('ok')"

@@ -136,7 +136,7 @@ def test_the_package_map_is_every_module_in_its_own_words(tmp_path):
     assert docs.summary("What a report reads: a model's predictions (a `vit-ct predict` output). More.") == (
         "What a report reads: a model's predictions (a `vit-ct predict` output)"
     )
-    assert docs.summary("The model (:mod:`~vit_ct.model.classifier`; ``x``). Rest.") == "The model (`classifier`; `x`)"
+    assert docs.summary("The model (:mod:`~vit_ct.task.classifier`; ``x``). Rest.") == "The model (`classifier`; `x`)"
     page = (ROOT / "docs" / "architecture.md").read_text()
     assert "- **`data/io/`**" in page and "  - `reader.py`: Read one CT slice" in page
 

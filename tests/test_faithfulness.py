@@ -8,7 +8,7 @@ import torch
 from conftest import DEMO_LEVERS, load_benchmark
 
 from vit_ct.explain.occlusion import brain_baseline, occlusion_sensitivity
-from vit_ct.model import ViTClassifier
+from vit_ct.task import ViTClassifier
 
 
 @pytest.fixture(scope="module")

@@ -3,8 +3,9 @@
 Each room imports only the rooms below it, exactly as docs/architecture.md states: ``files`` and ``progress``
 (the foundation) nothing; ``data`` only those, its sub-rooms each only the ones before it in ``transforms``, ``io``,
 ``cache``, ``manifests``, then ``loading`` and ``datasets``; ``sim`` only ``data``; ``explain`` of ``data`` only
-``transforms`` (the HU windows), no model; ``metrics`` ``data`` and ``explain``; ``model`` those; ``run`` those and
-``sim``; ``predict`` those and ``run``; ``inspection`` (a checkpoint opened with its data) the rooms ``predict`` may
+``transforms`` (the HU windows), no model; ``metrics`` ``data`` and ``explain``; ``model`` (the network and its
+weights) of ``data`` only ``transforms``, and no Lightning; ``task`` (the LightningModule) those above; ``run`` those
+and ``sim``; ``predict`` those and ``run``; ``inspection`` (a checkpoint opened with its data) the rooms ``predict`` may
 import, not ``predict``; ``review`` and ``report`` those, ``predict`` and ``inspection``, neither the other; ``pacs``
 (the round trip through a PACS, which runs ``vit-ct predict`` as a process) only the foundation; nothing imports the
 CLI but ``python -m vit_ct``; no import cycle anywhere.
@@ -13,6 +14,8 @@ CLI but ``python -m vit_ct``; no import cycle anywhere.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -36,12 +39,13 @@ ALLOWED = {
     "sim": {*DATA, "sim", *BASE},
     "explain": {"data.transforms", "explain", *BASE},
     "metrics": {*DATA, "explain", "metrics", *BASE},
-    "model": {*DATA, "explain", "metrics", "model", *BASE},
-    "run": {*DATA, "explain", "metrics", "model", "sim", "run", *BASE},
-    "predict": {*DATA, "explain", "metrics", "model", "run", "predict", *BASE},
-    "inspection": {*DATA, "explain", "metrics", "model", "run", "inspection", *BASE},
-    "review": {*DATA, "explain", "metrics", "model", "run", "predict", "inspection", "review", *BASE},
-    "report": {*DATA, "explain", "metrics", "model", "run", "predict", "inspection", "report", *BASE},
+    "model": {"data.transforms", "model", *BASE},  # the network and its weights: no metrics, maps or training
+    "task": {*DATA, "explain", "metrics", "model", "task", *BASE},
+    "run": {*DATA, "explain", "metrics", "model", "task", "sim", "run", *BASE},
+    "predict": {*DATA, "explain", "metrics", "model", "task", "run", "predict", *BASE},
+    "inspection": {*DATA, "explain", "metrics", "model", "task", "run", "inspection", *BASE},
+    "review": {*DATA, "explain", "metrics", "model", "task", "run", "predict", "inspection", "review", *BASE},
+    "report": {*DATA, "explain", "metrics", "model", "task", "run", "predict", "inspection", "report", *BASE},
     "pacs": {"pacs", *BASE},  # a client of the vit-ct command (predict runs as its own process), not of its modules
 }
 
@@ -96,6 +100,16 @@ def test_each_folder_imports_only_the_folders_below_it(room):
     assert not wrong, f"{room}/ imports outside {sorted(ALLOWED[room])}: {sorted(wrong)}"
 
 
+def test_the_network_and_its_weights_need_no_lightning():
+    """Every module of ``vit_ct/model/`` imports in a fresh process without loading Lightning: the network and the
+    weights it loads are usable (and testable) apart from the framework that trains them."""
+    modules = sorted(m for m in imports() if folder(m) == "model" or m == "vit_ct.model")
+    code = "import importlib, sys\n" + "".join(f"importlib.import_module({m!r})\n" for m in modules)
+    code += "print(sorted({m.split('.')[0] for m in sys.modules if m.split('.')[0] == 'lightning'}))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert len(modules) > 5 and out.strip() == "[]", f"importing vit_ct.model loads {out.strip()}"
+
+
 def test_nothing_imports_the_cli():
     importers = {m for m, targets in imports().items() if "vit_ct.cli" in targets}
     assert importers == {"vit_ct.__main__"}
@@ -122,7 +136,7 @@ def test_no_import_cycle():
 
 @pytest.mark.parametrize(
     ("room", "where", "line"),
-    [("data", "data", "from vit_ct.model import ViTClassifier"),
+    [("data", "data", "from vit_ct.task import ViTClassifier"),
      ("data.io", "data/io", "from vit_ct.data.loading.datamodule import CTSliceDataModule"),
      ("explain", "explain", "from vit_ct.data.io.reader import load_ct_slice")],
 )  # fmt: skip

@@ -9,7 +9,7 @@ from sklearn.metrics import roc_auc_score
 from vit_ct.explain.maps import localisation_maps
 from vit_ct.explain.segmentation import perfect_patch_map
 from vit_ct.metrics.localisation import LocalisationMetrics, model_grid_spacing_mm, pixel_auroc
-from vit_ct.model import ViTClassifier
+from vit_ct.task import ViTClassifier
 
 torch.set_num_threads(1)
 SIZE = 16

@@ -4,7 +4,7 @@ import inspect
 
 from conftest import load_benchmark
 
-from vit_ct.model import ViTClassifier
+from vit_ct.task import ViTClassifier
 
 maps = load_benchmark("maps")
 

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from vit_ct.model import ViTClassifier
-from vit_ct.model.losses import PatchLosses, evidence_share, lesion_share, mil_logit, mil_loss
+from vit_ct.task import ViTClassifier
+from vit_ct.task.losses import PatchLosses, evidence_share, lesion_share, mil_logit, mil_loss
 
 
 def test_mil_logit_is_the_log_sum_exp_mean_over_the_patches_that_hold_something():

@@ -10,9 +10,9 @@ from timm.layers import DropPath
 
 from vit_ct import CTSliceDataModule
 from vit_ct.cli import main
-from vit_ct.model import ViTClassifier
-from vit_ct.model.losses import patch_loss
-from vit_ct.model.optim import warmup_cosine
+from vit_ct.task import ViTClassifier
+from vit_ct.task.losses import patch_loss
+from vit_ct.task.optim import warmup_cosine
 
 DEMO = str(Path(__file__).resolve().parents[1] / "configs" / "demo.yaml")
 TINY = {**DEMO_LEVERS, "img_size": 32, "in_chans": 1, "embed_dim": 32, "depth": 2, "num_heads": 2}

@@ -9,8 +9,8 @@ from conftest import DEMO_LEVERS
 from vit_ct.explain.maps import Explained
 from vit_ct.explain.pixels import input_relevance, lesion_log_odds, smooth, spread_over_pixels
 from vit_ct.explain.shifted import shift_back_mean, shifted_explained
-from vit_ct.model import ViTClassifier
-from vit_ct.model.inference import infer
+from vit_ct.task import ViTClassifier
+from vit_ct.task.inference import infer
 
 
 def test_each_cell_is_spread_by_its_relevance_by_hand_and_keeps_its_mean():

@@ -515,7 +515,7 @@ def test_the_notebooks_scan_cell_keeps_a_reviewer_named_like_a_path_in_the_revie
 
 
 def test_predict_and_the_review_write_the_schemas_columns_with_the_same_values(tiny, predict_run):
-    """One pass (vit_ct.model.inference.infer) behind both: predictions.csv's header is the schema's, the review
+    """One pass (vit_ct.task.inference.infer) behind both: predictions.csv's header is the schema's, the review
     table's too, and every value the two share is the same to the last bit, slice by slice."""
     model, _, table = tiny
     written = pd.read_csv(predict_run.folder / PREDICTIONS.file, float_precision="round_trip")

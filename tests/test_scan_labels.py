@@ -25,8 +25,8 @@ from vit_ct.data.loading.distributed import EpochShuffleSampler
 from vit_ct.data.loading.slice_dataset import CTSliceDataset
 from vit_ct.data.manifests.manifest import read_manifest
 from vit_ct.data.manifests.splits import assign_splits
-from vit_ct.model.losses import classification_loss
-from vit_ct.model.scan_bags import ScanBags, ScanMemory, lesion_evidence, pool_bags
+from vit_ct.task.losses import classification_loss
+from vit_ct.task.scan_bags import ScanBags, ScanMemory, lesion_evidence, pool_bags
 
 
 def _scan_manifest(folder: Path, rows: list[tuple[int, str, int | str]], *, extra: str = "") -> Path:

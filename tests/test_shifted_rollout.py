@@ -10,8 +10,8 @@ from conftest import DEMO_LEVERS
 from vit_ct.explain.maps import Explained, rollout_with_output, upsample
 from vit_ct.explain.shifted import air_level, combine_shifted, grid_offsets, shift_image, shifted_explained
 from vit_ct.metrics.schema import PREDICTIONS, REVIEW
-from vit_ct.model import ViTClassifier
-from vit_ct.model.inference import infer
+from vit_ct.task import ViTClassifier
+from vit_ct.task.inference import infer
 
 PATCH = 16
 

@@ -12,10 +12,10 @@ from vit_ct.explain.attention import from_full_sequence, record_attention, to_fu
 from vit_ct.explain.maps import explain_forward, explain_gradient_rollout
 from vit_ct.explain.rollout import attention_rollout, class_token_rollout
 from vit_ct.metrics.sink import SinkMetrics, air_patches, class_token_shares, mass_share, patch_level_floor
-from vit_ct.model import ViTClassifier
-from vit_ct.model.losses import attention_loss, lesion_share
 from vit_ct.model.network import attention_keys
 from vit_ct.run.summary import report
+from vit_ct.task import ViTClassifier
+from vit_ct.task.losses import attention_loss, lesion_share
 
 TINY = {**DEMO_LEVERS, "img_size": 32, "patch_size": 8, "in_chans": 2, "embed_dim": 32, "depth": 2, "num_heads": 2,
         "drop_path_rate": 0.0}  # fmt: skip

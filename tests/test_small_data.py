@@ -14,8 +14,8 @@ import yaml
 from conftest import DEMO_LEVERS, load_benchmark
 from sklearn.metrics import roc_auc_score
 
-from vit_ct.model import ViTClassifier
 from vit_ct.sim.cohort import COHORT_STREAM, CohortConfig, draw_patient
+from vit_ct.task import ViTClassifier
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -14,7 +14,7 @@ from npy_manifest import manifest_args, write_npy_manifest
 from timm.models import adapt_input_conv
 
 from vit_ct.cli import main
-from vit_ct.model import ViTClassifier
+from vit_ct.task import ViTClassifier
 
 TINY = {**DEMO_LEVERS, "img_size": 32, "in_chans": 1, "embed_dim": 32, "depth": 2, "num_heads": 2}
 SHIPPED = "vit-ct/headct-tiny-256"  # ViT-Ti/16 (192 wide), 6 blocks, conv stem, 256 x 256, two windows

@@ -24,7 +24,7 @@ _PUBLIC = {
     "attention_rollout": "vit_ct.explain.rollout",
     "gradient_rollout": "vit_ct.explain.rollout",
     "last_block_attention": "vit_ct.explain.rollout",
-    "ViTClassifier": "vit_ct.model.classifier",
+    "ViTClassifier": "vit_ct.task.classifier",
     "SyntheticCTDataModule": "vit_ct.sim.synthetic",
 }
 
@@ -34,8 +34,8 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors
     from vit_ct.data.transforms.windows import WINDOW_PRESETS, stack_windows, window_hu
     from vit_ct.explain.attention import record_attention
     from vit_ct.explain.rollout import attention_rollout, gradient_rollout, last_block_attention
-    from vit_ct.model.classifier import ViTClassifier
     from vit_ct.sim.synthetic import SyntheticCTDataModule
+    from vit_ct.task.classifier import ViTClassifier
 
 __all__ = [
     "WINDOW_PRESETS",

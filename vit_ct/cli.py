@@ -89,7 +89,6 @@ def _cli(args: list[str] | None, run: bool):
     from lightning.pytorch.loggers import WandbLogger
 
     from vit_ct.data.loading.slice_module import SliceDataModule
-    from vit_ct.model import ViTClassifier
     from vit_ct.run.allocator import keep_freed_memory
     from vit_ct.run.checkpoint import ResumeState
     from vit_ct.run.command import CommandParser, VitCTCLI
@@ -106,6 +105,7 @@ def _cli(args: list[str] | None, run: bool):
         quiet_wandb_unless_configured,
         use_wandb_offline_unless_configured,
     )
+    from vit_ct.task import ViTClassifier
 
     quiet_lightning()
     use_wandb_offline_unless_configured()

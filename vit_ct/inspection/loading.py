@@ -15,8 +15,8 @@ from vit_ct.data.loading.datamodule import CTSliceDataModule
 from vit_ct.data.manifests.splits import SPLIT_FRACTIONS
 from vit_ct.data.transforms.windows import parse_windows
 from vit_ct.explain.shifted import READ_SHIFTS
-from vit_ct.model import ViTClassifier
 from vit_ct.run.runs import LATEST_SUMMARY
+from vit_ct.task import ViTClassifier
 
 
 def project_root(start: str | os.PathLike | None = None) -> Path:

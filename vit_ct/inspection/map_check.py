@@ -7,7 +7,7 @@ import torch
 
 from vit_ct.data.manifests.labels import lesion_label
 from vit_ct.explain.sanity import MapFunction, RandomisationCheck, model_randomisation, rollout_map
-from vit_ct.model import ViTClassifier
+from vit_ct.task import ViTClassifier
 
 
 def sanity_slices(model: ViTClassifier, datamodule, n: int) -> dict[str, torch.Tensor]:

@@ -1,23 +1,8 @@
-"""The model, its training and the weights it starts from.
+"""The network and the weights it loads, without a training framework.
 
-The LightningModule (:mod:`~vit_ct.model.classifier`), the network it trains
-(:mod:`~vit_ct.model.network`, timm's ViT with air patches skipping the blocks; :mod:`~vit_ct.model.stem`, the conv
-stem), its losses, optimiser groups and schedule, and the weights it can start from (:mod:`~vit_ct.model.weights`)."""
-
-from __future__ import annotations
-
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from vit_ct.model.classifier import ViTClassifier
-
-__all__ = ["ViTClassifier"]
-
-
-def __getattr__(name: str):
-    """``ViTClassifier`` on first use (PEP 562): ``python -m vit_ct.model.shipped list`` needs no Lightning or timm."""
-    if name == "ViTClassifier":
-        from vit_ct.model.classifier import ViTClassifier
-
-        return ViTClassifier
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+The network (:mod:`~vit_ct.model.network`, timm's ViT with air patches skipping the blocks;
+:mod:`~vit_ct.model.stem`, the conv stem), what a checkpoint or shipped weights say about it
+(:mod:`~vit_ct.model.hparams`, :mod:`~vit_ct.model.weights_input`: the input contract), and the start weights it can
+load (:mod:`~vit_ct.model.weights`: vit-ct checkpoints, timm state dicts and tags, the shipped weights of
+:mod:`~vit_ct.model.shipped`). Nothing here imports Lightning: the LightningModule that trains it is
+:mod:`vit_ct.task`."""

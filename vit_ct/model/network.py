@@ -1,6 +1,6 @@
 """The network: timm's Vision Transformer (arXiv:2010.11929) whose air patches skip the blocks.
 
-No training in here (that is :class:`vit_ct.model.classifier.ViTClassifier`): ``forward_features`` / ``forward_head``
+No training in here (that is :class:`vit_ct.task.classifier.ViTClassifier`): ``forward_features`` / ``forward_head``
 as in timm, with one change a timm user can read in ``forward_features`` below.
 """
 

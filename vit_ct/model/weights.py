@@ -12,7 +12,7 @@ from typing import Any, Literal, NamedTuple
 
 import timm
 import torch
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning_utilities.core.rank_zero import rank_zero_warn  # the same rank Lightning sets
 from timm.layers import resample_abs_pos_embed
 from timm.models import VisionTransformer, adapt_input_conv
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 import torch
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning_utilities.core.rank_zero import rank_zero_warn  # the same rank Lightning sets
 
 from vit_ct.data.transforms.contract import DEFAULT_IMG_SIZE, DEFAULT_WINDOWS, InputContract
 from vit_ct.model import shipped

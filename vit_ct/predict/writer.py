@@ -34,7 +34,7 @@ from vit_ct.files import (
 from vit_ct.metrics.lesion_probability import scan_column
 from vit_ct.metrics.schema import PREDICTIONS, RUN_JSON, RunRecord
 from vit_ct.metrics.temperature import read_temperature, scale
-from vit_ct.model.inference import Inference
+from vit_ct.task.inference import Inference
 
 PREDICT = "predict"  # the command whose outputs this writer writes, as its output record names it
 
@@ -137,7 +137,7 @@ def prediction_row(
     outside_domain: str | None = None,
 ) -> dict:
     """Slice ``i`` of a batch as a row of ``predictions.csv`` (:class:`vit_ct.metrics.schema.PredictionColumns`, in
-    its order), from the model's :class:`~vit_ct.model.inference.Inference`, the slice's manifest ``row`` (with the
+    its order), from the model's :class:`~vit_ct.task.inference.Inference`, the slice's manifest ``row`` (with the
     dataset's ``image_ref``) and the ``files`` written for it (``rollout``, ``overlay``); with ``index``, the slice's
     row in the dataset. ``scan_key``: the manifest's column naming the slice's scan, if any. ``outside_domain``: why
     the slice does not look like a head CT ("" where it does; None: not checked)."""

@@ -16,8 +16,8 @@ from vit_ct.explain.sanity import RandomisationCheck, image_map, rollout_map
 from vit_ct.inspection.loading import resolve_checkpoint, review_datamodule, run_config
 from vit_ct.inspection.map_check import check_map, sanity_slices
 from vit_ct.metrics.schema import PREDICTIONS
-from vit_ct.model import ViTClassifier
 from vit_ct.model.weights_input import unreadable_reason
+from vit_ct.task import ViTClassifier
 
 SANITY_SLICES = 16  # slices checked: the split's first in manifest order (9 cascade steps of a ViT-Ti each)
 METHODS = {"attention rollout": rollout_map, "floor: image": image_map}  # the map checked, and its contrast

@@ -11,7 +11,6 @@ import shutil
 from pathlib import Path
 
 from vit_ct.files import check_replaceable, record_output, remove_leftovers, replace_folder, staging_folder
-from vit_ct.model import ViTClassifier
 from vit_ct.report.bootstrap import RESAMPLES, SEED
 from vit_ct.report.evidence import ModelEvidence, model_evidence
 from vit_ct.report.inputs import read_labels, read_predictions
@@ -25,6 +24,7 @@ from vit_ct.report.map_sanity import (
 )
 from vit_ct.report.page import report_page
 from vit_ct.report.plots import report_figures
+from vit_ct.task import ViTClassifier
 
 REPORT_JSON, REPORT_HTML, CALIBRATION_JSON, FIGURES = "report.json", "report.html", "calibration.json", "figures"
 SECTIONS = ("slice", "scan", "maps", "calibration", "subgroups", "worst_cases", "rows")

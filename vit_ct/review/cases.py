@@ -21,9 +21,9 @@ from vit_ct.explain.rollout import last_block_attention, per_block_maps, per_hea
 from vit_ct.metrics.lesion_probability import lesion_scores
 from vit_ct.metrics.schema import PREDICTIONS, REVIEW
 from vit_ct.metrics.sink import air_patches, class_token_shares
-from vit_ct.model import ViTClassifier
 from vit_ct.review.summaries import gallery
 from vit_ct.review.table import case_images, outcome
+from vit_ct.task import ViTClassifier
 
 METHODS = ("rollout", "gradient rollout", "last-block attention", "occlusion")  # the maps of one case
 

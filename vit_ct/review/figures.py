@@ -16,7 +16,6 @@ from vit_ct.data.transforms.windows import DISPLAY_PRESET, WINDOW_PRESETS, parse
 from vit_ct.explain.overlay import render_overlay
 from vit_ct.files import atomic_write
 from vit_ct.metrics.schema import PREDICTIONS, REVIEW
-from vit_ct.model import ViTClassifier
 from vit_ct.progress import HEADLESS_ENV, headless_flag, in_jupyter_kernel  # noqa: F401  (review.figures.HEADLESS_ENV, as before)
 from vit_ct.review.cases import METHODS, CaseMaps, case_maps
 from vit_ct.review.summaries import (
@@ -30,6 +29,7 @@ from vit_ct.review.summaries import (
     summary_metrics,
 )
 from vit_ct.review.table import case_images, source_map
+from vit_ct.task import ViTClassifier
 
 
 def _window(window) -> tuple[float, float]:

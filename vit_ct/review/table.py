@@ -15,15 +15,15 @@ from vit_ct.data.transforms.grid import to_source_grid
 from vit_ct.metrics.lesion_probability import lesion_scores, scan_column
 from vit_ct.metrics.localisation import MAP_SOURCES, SCORES
 from vit_ct.metrics.schema import PREDICTIONS, REVIEW
-from vit_ct.model import ViTClassifier
-from vit_ct.model.inference import infer
 from vit_ct.progress import track
+from vit_ct.task import ViTClassifier
+from vit_ct.task.inference import infer
 
 
 def run_review(
     model: ViTClassifier, datamodule: CTSliceDataModule, *, threshold: float = 0.5, progress: bool = True
 ) -> pd.DataFrame:
-    """Runs the model over the datamodule's ``predict_split`` (:func:`vit_ct.model.inference.infer`, the pass of
+    """Runs the model over the datamodule's ``predict_split`` (:func:`vit_ct.task.inference.infer`, the pass of
     ``vit-ct predict``, scoring the floors too) and tabulates every slice.
 
     Returns:

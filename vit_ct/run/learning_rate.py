@@ -9,7 +9,7 @@ class PeakLearningRate(Callback):
     """Logs ``lr``, the highest learning rate of the optimiser's parameter groups, at the start of each training
     epoch; a group on a schedule of its own adds ``lr-pg<i>`` (a second optimiser: ``lr-<j>``, ``lr-<j>-pg<i>``).
 
-    vit-ct's groups share one schedule (:func:`vit_ct.model.optim.warmup_cosine_schedule` scales every group by the
+    vit-ct's groups share one schedule (:func:`vit_ct.task.optim.warmup_cosine_schedule` scales every group by the
     same factor): with layer-wise decay their rates differ only by a fixed scale each, ``layer_decay`` to the power of
     the block's distance from the head, and with weight decay not at all, so one curve says everything. Lightning's
     ``LearningRateMonitor`` logs one series per group (17 ``lr-AdamW/pgN`` for ViT-Ti with layer decay). Groups share

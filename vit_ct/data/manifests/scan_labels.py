@@ -2,7 +2,7 @@
 ``scan_label`` (or ``scan_<name>`` beside multi-label columns ``<name>``).
 
 A manifest with scan labels and no slice labels trains by multiple-instance learning (the scan is the bag, its slices
-the instances; :mod:`vit_ct.model.scan_bags`). What that allows to say of a slice is written as its slice label: a
+the instances; :mod:`vit_ct.task.scan_bags`). What that allows to say of a slice is written as its slice label: a
 slice of a lesion-free scan is lesion-free (0); a slice of a scan with a lesion is unknown (<NA>), since most of its
 slices show none. A slice label given in the manifest always wins: scan labels stand in only for a missing column.
 """

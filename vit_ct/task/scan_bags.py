@@ -2,7 +2,7 @@
 
 A scan (the bag) holds a lesion when one of its slices does; a slice when one of its patches does. Each slice gives
 evidence, as a log-odds: its classifier's (P(lesion), or each label's) and, with the patch head, its patches' pooled
-evidence (:func:`vit_ct.model.losses.mil_logit`). A scan's evidence is its slices' pooled by the log-sum-exp mean
+evidence (:func:`vit_ct.task.losses.mil_logit`). A scan's evidence is its slices' pooled by the log-sum-exp mean
 ``log(mean(exp(r z))) / r`` (Pinheiro & Collobert 2015; between the mean and the maximum, every slice getting a
 share of the gradient by how much it drives the scan's verdict), scored by binary cross-entropy against the scan
 label. Slices of a lesion-free scan are also plain negatives (their slice label is 0,
@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from vit_ct.data.manifests.labels import lesion_label
-from vit_ct.model.losses import Task, mil_logit
 from vit_ct.model.network import attention_keys
+from vit_ct.task.losses import Task, mil_logit
 
 
 def lesion_evidence(logits: torch.Tensor, task: Task) -> torch.Tensor:

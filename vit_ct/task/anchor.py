@@ -1,5 +1,5 @@
 """The anchor of fine-tuning (``anchor_loss_weight``): a frozen copy of the start network, whose rollout the model's
-is held to by the anchor loss (:class:`vit_ct.model.losses.PatchLosses`), so that fine-tuning keeps the maps the start
+is held to by the anchor loss (:class:`vit_ct.task.losses.PatchLosses`), so that fine-tuning keeps the maps the start
 weights could already show."""
 
 from __future__ import annotations

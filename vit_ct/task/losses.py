@@ -1,4 +1,4 @@
-"""The losses of :class:`vit_ct.model.classifier.ViTClassifier`, as pure functions of tensors: the slice
+"""The losses of :class:`vit_ct.task.classifier.ViTClassifier`, as pure functions of tensors: the slice
 classification loss, the patch loss from lesion masks, the multiple-instance loss from slice labels, and the attention
 loss that trains the rollout (arXiv:2005.00928) onto the lesion (its mask, or where no mask exists the model's own
 patch evidence), and the anchor loss that holds the rollout to the start weights' while fine-tuning. Each returns None

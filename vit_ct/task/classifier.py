@@ -2,8 +2,8 @@
 
 16x16 patches, learnable position embeddings, a class token, pre-norm blocks (the network:
 :mod:`vit_ct.model.network`); an optional patch head learns "is there blood in this patch" from the lesion masks,
-which teaches a ViT trained from scratch where to look. The losses are :mod:`vit_ct.model.losses`, the optimiser's
-groups and schedule :mod:`vit_ct.model.optim`.
+which teaches a ViT trained from scratch where to look. The losses are :mod:`vit_ct.task.losses`, the optimiser's
+groups and schedule :mod:`vit_ct.task.optim`.
 """
 
 from __future__ import annotations
@@ -20,18 +20,18 @@ from vit_ct.data.transforms.contract import InputContract
 from vit_ct.explain.attention import record_attention
 from vit_ct.metrics.classification import classification_metrics
 from vit_ct.metrics.map_scores import MapMetrics
-from vit_ct.model.anchor import StartAnchor
-from vit_ct.model.checkpointed import SeesAsCheckpointed
 from vit_ct.model.hparams import check_hparams, predated_hparams
-from vit_ct.model.inference import Inference, infer
-from vit_ct.model.losses import Losses, PatchLosses, classification_loss
 from vit_ct.model.network import AirSkippingViT
-from vit_ct.model.optim import param_groups, warmup_cosine_schedule
-from vit_ct.model.reading import MapReader
-from vit_ct.model.scan_bags import ScanBags
 from vit_ct.model.stem import ConvStemPatchEmbed
 from vit_ct.model.weights import choose_stem, load_start, read_start, start_architecture
 from vit_ct.model.weights_input import model_input, weights_input
+from vit_ct.task.anchor import StartAnchor
+from vit_ct.task.checkpointed import SeesAsCheckpointed
+from vit_ct.task.inference import Inference, infer
+from vit_ct.task.losses import Losses, PatchLosses, classification_loss
+from vit_ct.task.optim import param_groups, warmup_cosine_schedule
+from vit_ct.task.reading import MapReader
+from vit_ct.task.scan_bags import ScanBags
 
 STAGES = ("val", "test")
 
@@ -320,7 +320,7 @@ class ViTClassifier(StartAnchor, MapReader, SeesAsCheckpointed):
         )
         patch_logits = None if self.patch_head is None else self.patch_head(tokens[:, self.num_prefix :]).squeeze(-1)
         terms = [("cls_loss", 1.0, cls), *self.patch_losses(batch, patch_logits, attentions, held)]
-        if "scan_label" in batch:  # scan labels: the scan is the bag (vit_ct.model.scan_bags)
+        if "scan_label" in batch:  # scan labels: the scan is the bag (vit_ct.task.scan_bags)
             ddp = self.training and self._trainer is not None and self._trainer.world_size > 1
             terms += self.scan_bags(batch, logits, patch_logits, remember=self.training, gather=ddp and self.all_gather)
         loss, parts = logits.sum() * 0.0, {}  # in the graph even where a batch scores nothing
@@ -387,7 +387,7 @@ class ViTClassifier(StartAnchor, MapReader, SeesAsCheckpointed):
         return {"optimizer": optimizer, "lr_scheduler": schedule}
 
     def param_groups(self) -> list[dict]:
-        """The optimiser's parameter groups (:func:`vit_ct.model.optim.param_groups`), the patch head's included."""
+        """The optimiser's parameter groups (:func:`vit_ct.task.optim.param_groups`), the patch head's included."""
         h = self.hparams
         return param_groups(self.vit, lr=h.lr, weight_decay=h.weight_decay, layer_decay=h.layer_decay,
                             extra=self.patch_head)  # fmt: skip
