@@ -21,6 +21,14 @@ os.environ.setdefault("WANDB_DATA_DIR", tempfile.mkdtemp(prefix="vit-ct-wandb-")
 # Check records and disk caches of the tests' manifests (by default under ~/.cache/vit-ct): kept out of the home folder.
 os.environ.setdefault("VIT_CT_CACHE_DIR", tempfile.mkdtemp(prefix="vit-ct-cache-"))
 torch.set_num_threads(min(2, torch.get_num_threads()))
+# Under pytest-xdist (`make test` runs two workers) the cores are shared between the workers: each worker's threads, and
+# those of the processes its tests start (vit-ct takes OMP_NUM_THREADS as the user's choice), are its share, so that
+# two trainings side by side do not spin four OpenMP threads on two cores.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    _SHARE = max(1, len(os.sched_getaffinity(0)) // _WORKERS if hasattr(os, "sched_getaffinity") else 1)
+    os.environ.setdefault("OMP_NUM_THREADS", str(_SHARE))
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 # Overrides that shrink the demo config to seconds: a 2-block ViT at 32x32 on 64x64 slices.
 ROOT = Path(__file__).resolve().parents[1]
