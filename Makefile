@@ -31,8 +31,10 @@ check: $(VENV)/.installed
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q -m "not slow and not medium" --durations=10
 
+# Every tier, the files spread over the cores (pytest-xdist; one file's tests stay in one worker, which shares its
+# module fixtures), the slowest 20 tests listed.
 test: $(VENV)/.installed
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n auto --maxprocesses 4 --dist loadfile --durations=20
 
 # A fresh venv every time, every floor of pyproject.toml pinned (.ci/floors.py writes the constraints; whatever the
 # floors leave open resolves to its newest release), the package installed as a user gets it (not editable).
@@ -68,7 +70,7 @@ floors:
 
 # The README's and docs' measured figures, written in from benchmarks/records/ (tests/test_docs.py keeps them equal).
 docs: $(VENV)/.installed
-	$(BIN)/python benchmarks/docs.py
+	$(BIN)/python -m benchmarks.docs
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

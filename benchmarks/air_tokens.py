@@ -4,7 +4,7 @@ them before) vs skipped (only the tokens that are a key somewhere in the batch r
 masked), side by side on the same batches of the demo set, per input size. The logits are the same either way (the
 largest difference is printed); the step time is not. Takes ~3-5 minutes on 2 cores:
 
-    python benchmarks/air_tokens.py [--sizes 128 160 192] [--steps 8] [--warmup 2]
+    python -m benchmarks.air_tokens [--sizes 128 160 192] [--steps 8] [--warmup 2]
 
 Run as a script it writes its record, ``benchmarks/records/air_tokens.json``.
 """
@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 import yaml
 
+from benchmarks.recording import RECORDS, command_line, markdown_table, table, write_record
 from vit_ct import SyntheticCTDataModule
 from vit_ct.model.network import attention_keys
 from vit_ct.run.hardware import auto_precision, describe_machine
-from vit_ct.run.records import RECORDS, command_line, markdown_table, table, write_record
 from vit_ct.task import ViTClassifier
 
 DEMO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> str:
     print(markdown_table(results))
     if records is not None:
         notes = {"precision": precision, "batch": 32, "steps": args.steps, "warmup": args.warmup}
-        write_record("air_tokens", figures, command=command_line("benchmarks/air_tokens.py", argv),
+        write_record("air_tokens", figures, command=command_line("benchmarks.air_tokens", argv),
                      tables={"air_tokens": results}, seconds=time.perf_counter() - start, notes=notes,
                      folder=records)  # fmt: skip
     return markdown_table(results)

@@ -19,13 +19,13 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.recording import RECORDS, markdown_table, table, write_record
 from vit_ct.data.transforms.augment import BatchAugmentation
 from vit_ct.data.transforms.scanner_augment import KERNEL_SIGMAS, ScannerAugmentation
 from vit_ct.run.hardware import describe_machine
-from vit_ct.run.records import RECORDS, markdown_table, table, write_record
 
 USAGE = """example (the README's table; ~1 min on 2 CPU cores; writes benchmarks/records/augmentation.json):
-  .venv/bin/python benchmarks/augmentation.py --batch 64 --size 256
+  .venv/bin/python -m benchmarks.augmentation --batch 64 --size 256
 """
 # Each contender's figure in the record: milliseconds per batch.
 FIGURE_KEYS = {

@@ -6,7 +6,7 @@ see. The installed ``.venv`` is reused (no install is timed) and the copy's code
 ``--install`` the copy gets a ``.venv`` of its own, installed by ``make demo`` as on a fresh clone, and the install is
 timed with the rest.
 
-    python benchmarks/demo.py [--install]  # 7-15 min on 2 CPU cores; run it alone (flock /tmp/team/training.lock ...)
+    python -m benchmarks.demo [--install]  # 7-15 min on 2 CPU cores; run it alone (flock /tmp/team/training.lock ...)
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from vit_ct.run.records import RECORDS, ROOT, command_line, git_state, write_record
+from benchmarks.recording import RECORDS, ROOT, command_line, git_state, write_record
 
 EPOCH_LINE = re.compile(r"^epoch (\d+)/(\d+) .* ([0-9.]+) s$")  # a fit's line per epoch without a terminal
 REPORT_START = "vit-ct demo: done"
@@ -105,9 +105,9 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> dict:
     if records is not None and args.args:
         print(f"--args {args.args}: not the demo as a user runs it, so no record is written", file=sys.stderr)
     elif records is not None:
-        notes["recorded_by"] = command_line("benchmarks/demo.py", argv)
+        notes["recorded_by"] = command_line("benchmarks.demo", argv)
         write_record("demo", figures, command="make demo", seconds=seconds, notes=notes, folder=records, git=git)
-        print(f"{command_line('benchmarks/demo.py', argv)}: make demo took {seconds:.0f} s", file=sys.stderr)
+        print(f"{command_line('benchmarks.demo', argv)}: make demo took {seconds:.0f} s", file=sys.stderr)
     return figures
 
 

@@ -1,5 +1,5 @@
 """``make docs``: every measured figure of README.md and docs/*.md written in from its record (``benchmarks/records/``,
-``vit_ct.run.records``), and the tables read from the code. ``tests/test_docs.py`` checks that the Markdown equals
+``benchmarks.recording``), and the tables read from the code. ``tests/test_docs.py`` checks that the Markdown equals
 what this writes, so a figure edited by hand, or a record replaced without the text, fails ``make test``.
 
 The Markdown carries HTML comments, which GitHub does not show, around what is generated:
@@ -19,8 +19,8 @@ The Markdown carries HTML comments, which GitHub does not show, around what is g
         one of its figures (or ``seconds``), FORMAT is a format spec (``.3f``, ``.1%``), a template (``{:.2f}x``) or
         ``duration`` (``7 min 28 s``)
 
-    python benchmarks/docs.py            # write the generated parts
-    python benchmarks/docs.py --check    # list what differs, write nothing (exit status 1 if anything does)
+    python -m benchmarks.docs            # write the generated parts
+    python -m benchmarks.docs --check    # list what differs, write nothing (exit status 1 if anything does)
 
 Both also list the records measured with earlier code (their fingerprinted files changed since, or written before
 records kept one) or on a tree with uncommitted changes: what to measure again.
@@ -34,7 +34,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from vit_ct.run.records import RECORDS, cell, changed_code, describe, duration, markdown_table, read_record
+from benchmarks.recording import RECORDS, cell, changed_code, describe, duration, markdown_table, read_record
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"<!-- begin (?P<spec>[^>]*?) -->\n(?P<body>.*?)<!-- end -->", re.DOTALL)
@@ -66,6 +66,12 @@ class Records:
         raise ValueError(f"record {name} has no figure {key!r} (it has {sorted(record['figures'])})")
 
 
+def typed_today(command: str) -> str:
+    """A record's command as it is typed in the checkout today: benchmarks written as scripts
+    (``python benchmarks/NAME.py``) before they became a package run as ``python -m benchmarks.NAME``."""
+    return re.sub(r"^python benchmarks/(\w+)\.py\b", r"python -m benchmarks.\1", command)
+
+
 def measured(record: dict) -> str:
     """How a record was measured, in one line: the command, how long it took, the machine, the date, the commit."""
     took = f" ({duration(record['seconds'])})" if record.get("seconds") is not None else ""
@@ -73,8 +79,8 @@ def measured(record: dict) -> str:
     load = machine.get("load_average_1min")
     load = f", load average {load:g}" if load is not None else ""
     commit = (record.get("commit") or "unknown")[:7] + (" with uncommitted changes" if record.get("dirty") else "")
-    return (f"Measured by `{record['command']}`{took} on {describe(machine)}{load}; {record['date'][:10]}, commit "
-            f"{commit}.")  # fmt: skip
+    command = typed_today(record["command"])
+    return f"Measured by `{command}`{took} on {describe(machine)}{load}; {record['date'][:10]}, commit {commit}."
 
 
 def table_block(records: Records, name: str, table: str | None = None) -> str:
@@ -152,8 +158,7 @@ def demo_targets_block(records: Records) -> str:
 
 
 def family_ranges_block(records: Records) -> str:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import family_ranges  # a sibling script; imported only where a document asks for its table
+    from benchmarks import family_ranges  # imported only where a document asks for its table
 
     rows = family_ranges.settings()
     outside = "; ".join(f"the {name} family's {', '.join(family_ranges.outside(name, rows)) or 'nothing'}"
@@ -290,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def stale_records(folder: Path = RECORDS) -> list[str]:
-    """One line per record whose measured code changed since (:func:`vit_ct.run.records.changed_code`), or that
+    """One line per record whose measured code changed since (:func:`benchmarks.recording.changed_code`), or that
     was measured on a tree with uncommitted changes, or written before records kept their code: what to measure
     again before its figures are read as the current code's."""
     lines = []

@@ -23,6 +23,7 @@ from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
 from torch import nn
 from torch.utils.data import DataLoader
 
+from benchmarks.recording import RECORDS, table, write_record
 from vit_ct.data.loading.datamodule import CTSliceDataModule, CTSliceDataset
 from vit_ct.data.transforms.windows import parse_windows
 from vit_ct.explain.attention import patch_grid, record_attention
@@ -31,7 +32,6 @@ from vit_ct.explain.occlusion import BASELINE_HU, brain_baseline, occlusion_sens
 from vit_ct.explain.rollout import last_block_attention
 from vit_ct.metrics.localisation import LocalisationMetrics, model_grid_spacing_mm
 from vit_ct.run.hardware import describe_machine
-from vit_ct.run.records import RECORDS, table, write_record
 from vit_ct.task import ViTClassifier
 
 # Deletion fills with normal brain (vit_ct.explain.occlusion.brain_baseline): grey/white matter average ~30 HU, below
@@ -42,7 +42,7 @@ METHODS = ("rollout", "gradient rollout", "last-block attention", "Grad-CAM", "o
            "floor: head")  # fmt: skip
 
 USAGE = """example:
-  .venv/bin/python benchmarks/faithfulness.py --ckpt runs/latest/checkpoints/last.ckpt \\
+  .venv/bin/python -m benchmarks.faithfulness --ckpt runs/latest/checkpoints/last.ckpt \\
       --manifest data/synthetic/manifest.csv --out faithfulness.md     # 64 slices at 128 x 128: 1-3 min on 2 CPUs
 
 Slices: lesion slices (label 1, a known lesion mask inside the head) of --split, --n-slices drawn with --seed
@@ -354,7 +354,7 @@ def markdown_table(rows: list[dict]) -> str:
 
 
 def record_table(rows: list[dict]) -> dict:
-    """The table as a record keeps it (``vit_ct.run.records.table``)."""
+    """The table as a record keeps it (``benchmarks.recording.table``)."""
     columns = ["method", "deletion AUC ↓", "insertion AUC ↑", "pointing", "energy ratio", "pixel AUROC",
                "Dice at half max", "passes per slice", "ms per slice", "n slices"]  # fmt: skip
     cells = [[r["method"], f"{r['deletion']:.3f} ± {r['deletion_se']:.3f}", f"{r['insertion']:.3f} ± "

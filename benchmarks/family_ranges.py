@@ -4,24 +4,20 @@ setting, the range ``python -m vit_ct.sim.pretraining`` draws (``CohortConfig``'
 whether the value lies inside that range, outside it, or partly. ``make docs`` prints the table into the README and
 ``tests/test_small_data.py`` checks every verdict against the pretraining's real draws.
 
-    python benchmarks/family_ranges.py
+    python -m benchmarks.family_ranges
 """
 
 from __future__ import annotations
 
 import inspect
 import math
-import sys
-from pathlib import Path
 from typing import NamedTuple
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from small_data import HELDOUT_FAMILIES  # noqa: E402  (a sibling script, not a package)
-
-from vit_ct.sim.bleed import draw_bleed  # noqa: E402
-from vit_ct.sim.cohort import CohortConfig  # noqa: E402
-from vit_ct.sim.projector import FILTER_NAMES, Kernel  # noqa: E402
-from vit_ct.sim.protocol import REFERENCE_SPACING_MM, REFERENCE_THICKNESS_MM  # noqa: E402
+from benchmarks.small_data import HELDOUT_FAMILIES
+from vit_ct.sim.bleed import draw_bleed
+from vit_ct.sim.cohort import CohortConfig
+from vit_ct.sim.projector import FILTER_NAMES, Kernel
+from vit_ct.sim.protocol import REFERENCE_SPACING_MM, REFERENCE_THICKNESS_MM
 
 INSIDE, OUTSIDE, PARTLY = "inside", "outside", "partly outside"
 

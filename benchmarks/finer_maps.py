@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -18,14 +17,12 @@ import pandas as pd
 import torch
 from torchmetrics.functional.classification import binary_auroc
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from faithfulness import lesion_slices, map_areas, patch_counts  # noqa: E402  (a sibling)
-
-from vit_ct.data.loading.datamodule import CTSliceDataModule  # noqa: E402
-from vit_ct.explain.occlusion import brain_baseline  # noqa: E402
-from vit_ct.explain.sanity import model_randomisation, rollout_map  # noqa: E402
-from vit_ct.run.records import RECORDS, command_line, git_state, table, timed_vit_ct, write_record  # noqa: E402
-from vit_ct.task import ViTClassifier  # noqa: E402
+from benchmarks.faithfulness import lesion_slices, map_areas, patch_counts
+from benchmarks.recording import RECORDS, command_line, git_state, table, timed_vit_ct, write_record
+from vit_ct.data.loading.datamodule import CTSliceDataModule
+from vit_ct.explain.occlusion import brain_baseline
+from vit_ct.explain.sanity import model_randomisation, rollout_map
+from vit_ct.task import ViTClassifier
 
 ROOT = Path(__file__).resolve().parents[1]
 MANIFEST_CONFIG = ROOT / "configs" / "manifest.yaml"  # the user's slices, the checkpoint's input
@@ -33,8 +30,8 @@ SHIPPED_CONFIG = ROOT / "configs" / "finetune.yaml"  # the shipped weights as `v
 SOURCES = ("rollout", "perfect_patch", "perfect_grid", "floor_image", "floor_head")
 SCORES = ("pointing", "energy_ratio", "pixel_auroc", "dice", "hd95_mm")
 USAGE = """example (after `make demo`; ~6 min on 2 CPU cores):
-  .venv/bin/python benchmarks/finer_maps.py                         # runs/latest's checkpoint, the demo's manifest
-  .venv/bin/python benchmarks/finer_maps.py --ckpt K.ckpt --manifest M.csv --shifts 1 2 4 --heldout near
+  .venv/bin/python -m benchmarks.finer_maps                         # runs/latest's checkpoint, the demo's manifest
+  .venv/bin/python -m benchmarks.finer_maps --ckpt K.ckpt --manifest M.csv --shifts 1 2 4 --heldout near
 
 Map scores: `vit-ct test --config configs/manifest.yaml --data.manifest M --ckpt_path K --model.map_shifts S`, run
 in this process through vit_ct.cli.main, on the manifest's test split. P(lesion) AUROC and predict's time: `vit-ct
@@ -297,7 +294,7 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> dict:
     for name, t in tables.items():
         print(f"\n{name}\n" + "\n".join(" | ".join(str(c) for c in row) for row in [t["columns"], *t["rows"]]))
     if records is not None:
-        write_record("finer_maps", figures, command=command_line("benchmarks/finer_maps.py", argv), tables=tables,
+        write_record("finer_maps", figures, command=command_line("benchmarks.finer_maps", argv), tables=tables,
                      seconds=seconds, notes=notes, folder=records, git=git)  # fmt: skip
     return {"figures": figures, "tables": tables, "notes": notes}
 

@@ -17,8 +17,8 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 from torch.utils.flop_counter import FlopCounterMode
-from training_throughput import StepTimer
 
+from benchmarks.training_throughput import StepTimer
 from vit_ct import ViTClassifier
 
 # Dense fp16/bf16 tensor-core peak in TFLOP/s (vendor data sheets, no sparsity), matched against the device name.
@@ -173,9 +173,9 @@ def main() -> int:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
     if not args.tiny:  # a --tiny run tests the script; it measures nothing worth a record
-        from vit_ct.run.records import RECORDS, command_line, write_record
+        from benchmarks.recording import RECORDS, command_line, write_record
 
-        write_record("gpu_check", {}, command=command_line("benchmarks/gpu_check.py"), folder=RECORDS,
+        write_record("gpu_check", {}, command=command_line("benchmarks.gpu_check"), folder=RECORDS,
                      notes={"results": results, "table_markdown": table(results)})  # fmt: skip
     return 0
 

@@ -13,7 +13,7 @@ export WANDB_MODE="${WANDB_MODE:-offline}"
 if [[ " $* " != *" --device cpu "* ]] && command -v nvidia-smi >/dev/null; then
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 fi
-"$PYTHON" benchmarks/gpu_check.py "$@"
+"$PYTHON" -m benchmarks.gpu_check "$@"
 if [[ " $* " != *" --device cpu "* ]]; then
-    "$PYTHON" benchmarks/training_pace.py --device cuda --epochs 3 --repeats 1
+    "$PYTHON" -m benchmarks.training_pace --device cuda --epochs 3 --repeats 1
 fi

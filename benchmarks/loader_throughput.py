@@ -14,17 +14,16 @@ from pathlib import Path
 import numpy as np
 import pydicom
 import torch
-from pydicom.dataset import Dataset, FileMetaDataset
-from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian, generate_uid
 
+from benchmarks.ct_files import write_ct
+from benchmarks.recording import RECORDS, command_line, markdown_table, table, write_record
 from vit_ct.data.io.reader import load_ct_slice
 from vit_ct.data.loading.datamodule import CTSliceDataModule
 from vit_ct.run.hardware import describe_machine
-from vit_ct.run.records import RECORDS, command_line, markdown_table, table, write_record
 
 USAGE = """example:
-  .venv/bin/python benchmarks/loader_throughput.py                  # 300 slices of 512 x 512: about a minute
-  .venv/bin/python benchmarks/loader_throughput.py --n 1000 --workers 4 --img-size 224
+  .venv/bin/python -m benchmarks.loader_throughput                  # 300 slices of 512 x 512: about a minute
+  .venv/bin/python -m benchmarks.loader_throughput --n 1000 --workers 4 --img-size 224
 
 Each row reads every slice once (the loader rows: one pass over the training split, no augmentation, so the
 numbers measure reading and preprocessing). "cache, first epoch" includes filling the cache; the manifest check
@@ -42,21 +41,8 @@ def write_dicoms(folder: Path, n: int, size: int, seed: int = 0) -> list[Path]:
     base = np.select([r < 0.72, r < 0.8], [35.0, 1000.0], -1000.0)
     paths = []
     for i in range(n):
-        meta = FileMetaDataset()
-        meta.MediaStorageSOPClassUID, meta.MediaStorageSOPInstanceUID = CTImageStorage, generate_uid()
-        meta.TransferSyntaxUID = ExplicitVRLittleEndian
-        ds = Dataset()
-        ds.file_meta = meta
-        ds.SOPClassUID, ds.SOPInstanceUID = CTImageStorage, meta.MediaStorageSOPInstanceUID
-        ds.Modality, ds.PatientID = "CT", f"P{i // 10:04d}"
-        ds.Rows = ds.Columns = size
-        ds.SamplesPerPixel, ds.PhotometricInterpretation = 1, "MONOCHROME2"
-        ds.BitsAllocated, ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 16, 16, 15, 1
-        ds.RescaleSlope, ds.RescaleIntercept = 1, -1024
         hu = base + rng.normal(0, 5, (size, size))
-        ds.PixelData = np.round(hu + 1024).astype("<i2").tobytes()
-        path = folder / f"slice{i:05d}.dcm"
-        ds.save_as(path, enforce_file_format=True)
+        path = write_ct(folder / f"slice{i:05d}.dcm", hu, f"P{i // 10:04d}")
         paths.append(path)
     return paths
 
@@ -166,7 +152,7 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> None:
         notes = {"slices": args.n, "size": args.size, "img_size": args.img_size, "windows": args.windows,
                  "batch_size": args.batch_size, "workers": args.workers, "torch_threads": 1}  # fmt: skip
         write_record("loader_throughput", {"plain_pydicom_per_s": plain}, tables={"reading": results},
-                     command=command_line("benchmarks/loader_throughput.py", argv),
+                     command=command_line("benchmarks.loader_throughput", argv),
                      seconds=time.perf_counter() - begin, notes=notes, folder=records)  # fmt: skip
 
 

@@ -12,17 +12,17 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.recording import RECORDS, command_line, table, write_record
 from vit_ct.data.transforms.model_input import apply_windows, grid_hu
 from vit_ct.explain.maps import explain_gradient_rollout
 from vit_ct.explain.sanity import RandomisationCheck, image_map, model_randomisation, rollout_map
 from vit_ct.model import shipped
 from vit_ct.run.hardware import describe_machine
-from vit_ct.run.records import RECORDS, command_line, table, write_record
 from vit_ct.sim.cohort import simulate_cohort_patient
 from vit_ct.task import ViTClassifier
 
 USAGE = """example (~2 min on 2 CPU cores):
-  .venv/bin/python benchmarks/map_sanity.py --patients 6 --figure docs/map_sanity.png
+  .venv/bin/python -m benchmarks.map_sanity --patients 6 --figure docs/map_sanity.png
 
 The slices are the card test set's first patients (vit_ct.sim.pretraining with the card's seed and slices per
 patient), simulated in memory and read as the weights read them.
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None, *, records: Path | None = None) -> dict[
         notes = {"tag": args.tag, "patients": args.patients, "seed": args.seed, "machine": describe_machine(),
                  "criteria": checks["rollout"].to_dict()["criteria"]}  # fmt: skip
         tables = {"map_sanity": record_table(checks)}
-        command = command_line("benchmarks/map_sanity.py", argv)
+        command = command_line("benchmarks.map_sanity", argv)
         write_record(
             "map_sanity", figures, command=command, tables=tables, seconds=seconds, notes=notes, folder=records
         )

@@ -18,13 +18,11 @@ from pathlib import Path
 import torch
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from faithfulness import score_methods  # noqa: E402  (a sibling script, not a package)
-
-from vit_ct.data.transforms.windows import parse_windows  # noqa: E402
-from vit_ct.run.hardware import describe_machine  # noqa: E402
-from vit_ct.run.records import RECORDS, write_record  # noqa: E402
-from vit_ct.task import ViTClassifier  # noqa: E402
+from benchmarks.faithfulness import score_methods
+from benchmarks.recording import RECORDS, write_record
+from vit_ct.data.transforms.windows import parse_windows
+from vit_ct.run.hardware import describe_machine
+from vit_ct.task import ViTClassifier
 
 # Every variant names all four levers, so that changing a default in the code does not change what a row measures.
 LEVERS = ("mask_air", "reg_tokens", "attention_loss_weight", "attention_target")
@@ -54,7 +52,7 @@ TEST_COLUMNS = [
 DELETION_METHODS = ("rollout", "last-block attention", "gradient rollout", "Grad-CAM", "random", "floor: image")
 
 USAGE = """example (the README's table; about 7 min per training on 2 CPU cores without native bf16):
-  .venv/bin/python benchmarks/maps.py --out maps.md --first-seed-only "air masked" "air masked + 4 registers" \\
+  .venv/bin/python -m benchmarks.maps --out maps.md --first-seed-only "air masked" "air masked + 4 registers" \\
       "air masked + class-token attention loss"
 
 Each (variant, seed) trains `vit-ct fit --config configs/demo.yaml --seed_everything SEED` with the variant's levers

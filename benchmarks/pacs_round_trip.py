@@ -4,10 +4,10 @@
 process, timed by vit-ct pacs in ``stored.json``), so that the noise between two predict runs on a shared machine
 does not swamp the second or so the DICOMweb part takes; ``vit-ct predict`` alone on the same series is timed too.
 
-    python benchmarks/pacs_round_trip.py                       # 40 slices of 256 x 256, the default ViT, untrained
-    python benchmarks/pacs_round_trip.py --slices 40 --repeats 3 --ckpt_path CKPT --config configs/manifest.yaml
+    python -m benchmarks.pacs_round_trip                       # 40 slices of 256 x 256, the default ViT, untrained
+    python -m benchmarks.pacs_round_trip --slices 40 --repeats 3 --ckpt_path CKPT --config configs/manifest.yaml
 
-Needs Debian's ``orthanc`` and ``orthanc-dicomweb`` (tests/orthanc.py starts it on a free loopback port). Run as a
+Needs Debian's ``orthanc`` and ``orthanc-dicomweb`` (benchmarks/orthanc.py starts it on a free loopback port). Run as a
 script it writes its record, ``benchmarks/records/pacs_round_trip.json``.
 """
 
@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))  # tests/orthanc.py: the same Orthanc the tests start
 TARGET_S = 5.0
 
 
@@ -71,11 +70,10 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> dict:
     parser.add_argument("--config", action="append", default=[], help="predict's configs (default configs/manifest)")
     parser.add_argument("--name", default="pacs_round_trip", help="the record's name")
     args = parser.parse_args(argv)
-    from orthanc import running_orthanc
-
+    from benchmarks.orthanc import running_orthanc
+    from benchmarks.recording import command_line, describe, git_state, machine, write_record
     from vit_ct.pacs.connection import Server
     from vit_ct.pacs.storage import store_files
-    from vit_ct.run.records import command_line, describe, git_state, machine, write_record
 
     configs = args.config or [str(ROOT / "configs" / "manifest.yaml")]
     git, started = git_state(), time.monotonic()
@@ -137,12 +135,12 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> dict:
         notes = {"round_trips_s": [round(t, 2) for t in round_trips], "predicts_s": [round(t, 2) for t in predicts],
                  "predicts_inside_s": [round(p["seconds"]["predict"], 2) for p in parts],
                  "checkpoint": args.ckpt_path or "ViTClassifier() untrained", "configs": configs}  # fmt: skip
-        write_record(args.name, figures, command=command_line("benchmarks/pacs_round_trip.py", argv), notes=notes,
+        write_record(args.name, figures, command=command_line("benchmarks.pacs_round_trip", argv), notes=notes,
                      seconds=time.monotonic() - started, folder=records, git=git)  # fmt: skip
     return figures
 
 
 if __name__ == "__main__":
-    from vit_ct.run.records import RECORDS
+    from benchmarks.recording import RECORDS
 
     main(records=RECORDS)

@@ -3,7 +3,7 @@ that it loads without a console error or a broken figure, and save its first scr
 of the demo's report.
 
     make demo && vit-ct report outputs/demo --manifest data/synthetic/manifest.csv
-    python benchmarks/report_screenshot.py outputs/demo/report/report.html --output docs/report.png
+    python -m benchmarks.report_screenshot outputs/demo/report/report.html --output docs/report.png
 
 It exits 1, writing no picture, when the page logs an error or a figure does not decode.
 """

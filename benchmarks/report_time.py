@@ -3,8 +3,8 @@ the DICOM headers and masks, the bootstrap, the figures and the page), and wheth
 test`` logged for the same slices (``runs/latest/summary.json``'s ``test/auroc``, where there is one). The target: the
 demo's test split under 60 s on 2 cores, 1,000 bootstrap replicates.
 
-    make demo && python benchmarks/report_time.py                # outputs/demo, data/synthetic/manifest.csv
-    python benchmarks/report_time.py OUT --manifest M.csv --repeats 3
+    make demo && python -m benchmarks.report_time                # outputs/demo, data/synthetic/manifest.csv
+    python -m benchmarks.report_time OUT --manifest M.csv --repeats 3
 
 Run as a script it writes its record, ``benchmarks/records/report_time.json``.
 """
@@ -23,7 +23,7 @@ TARGET_S = 60.0
 
 def run_report(out: Path, manifest: Path, report: Path, bootstrap: int) -> float:
     """Wall seconds of one ``vit-ct report`` (``python -m vit_ct``: this checkout's code), which must succeed."""
-    from vit_ct.run.records import timed_vit_ct
+    from benchmarks.recording import timed_vit_ct
 
     return timed_vit_ct("report", str(out), "--manifest", str(manifest), "--output_dir", str(report),
                         "--bootstrap", str(bootstrap))  # fmt: skip
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> dict:
     parser.add_argument("--summary", default="runs/latest/summary.json", help="the run whose test/auroc to compare")
     parser.add_argument("--name", default="report_time", help="the record's name")
     args = parser.parse_args(argv)
-    from vit_ct.run.records import command_line, describe, git_state, machine, write_record
+    from benchmarks.recording import command_line, describe, git_state, machine, write_record
 
     out, manifest = Path(args.out), Path(args.manifest)
     git, started = git_state(), time.monotonic()
@@ -75,12 +75,12 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> dict:
                                                              if test_auroc is not None else ""))  # fmt: skip
     if records is not None:
         notes = {"times_s": [round(t, 2) for t in times], "out": str(out), "manifest": str(manifest)}
-        write_record(args.name, figures, command=command_line("benchmarks/report_time.py", argv), notes=notes,
+        write_record(args.name, figures, command=command_line("benchmarks.report_time", argv), notes=notes,
                      seconds=time.monotonic() - started, folder=records, git=git)  # fmt: skip
     return figures
 
 
 if __name__ == "__main__":
-    from vit_ct.run.records import RECORDS
+    from benchmarks.recording import RECORDS
 
     main(records=RECORDS)

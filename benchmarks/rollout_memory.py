@@ -17,11 +17,11 @@ from pathlib import Path
 import timm
 import torch
 
+from benchmarks.recording import RECORDS, command_line, markdown_table, table, write_record
 from vit_ct.explain.attention import num_prefix_tokens, patch_grid, record_attention
 from vit_ct.explain.maps import explain_gradient_rollout, explain_rollout
 from vit_ct.explain.rollout import attention_rollout
 from vit_ct.run.hardware import describe_machine
-from vit_ct.run.records import RECORDS, command_line, markdown_table, table, write_record
 
 VARIANTS = ("forward", "naive", "lean", "gradient")
 DESCRIPTIONS = {
@@ -33,8 +33,8 @@ DESCRIPTIONS = {
 
 
 USAGE = """examples:
-  .venv/bin/python benchmarks/rollout_memory.py          # ViT-B/16 at 512 x 512, batch 2: a few minutes on 1 CPU thread
-  .venv/bin/python benchmarks/rollout_memory.py --model vit_tiny_patch16_224 --img-size 224 --batch 8
+  .venv/bin/python -m benchmarks.rollout_memory          # ViT-B/16 at 512 x 512, batch 2: a few minutes on 1 CPU thread
+  .venv/bin/python -m benchmarks.rollout_memory --model vit_tiny_patch16_224 --img-size 224 --batch 8
 
 memory: each variant runs in a fresh subprocess (no allocator cache or earlier variant carries over) that builds
 the model and batch, resets the kernel's resident-set high-water mark (echo 5 > /proc/self/clear_refs), explains
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> None:
     if records is not None:
         notes = {"model": args.model, "img_size": args.img_size, "tokens": tokens, "batch": args.batch,
                  "threads": args.threads, "peak_from_clear_refs": exact}  # fmt: skip
-        write_record("rollout_memory", figures, command=command_line("benchmarks/rollout_memory.py", argv),
+        write_record("rollout_memory", figures, command=command_line("benchmarks.rollout_memory", argv),
                      tables={"rollout_memory": results_table}, seconds=time.perf_counter() - start, notes=notes,
                      folder=records)  # fmt: skip
 

@@ -31,11 +31,13 @@ from pydicom.uid import (
     RLELossless,
 )
 
+from benchmarks.ct_files import head_of
+
 ROOT = Path(__file__).resolve().parents[1]
 USAGE = """example:
-  .venv/bin/python benchmarks/rsna_scale.py --folder /tmp/rsna_scale      # 20,000 slices (~9 GB): about 10 minutes
-  .venv/bin/python benchmarks/rsna_scale.py --folder /tmp/rsna_scale --n 40000 --small 4000
-  .venv/bin/python benchmarks/rsna_scale.py --folder /tmp/rsna_scale --rows startup --cache false  # the old path
+  .venv/bin/python -m benchmarks.rsna_scale --folder /tmp/rsna_scale      # 20,000 slices (~9 GB): about 10 minutes
+  .venv/bin/python -m benchmarks.rsna_scale --folder /tmp/rsna_scale --n 40000 --small 4000
+  .venv/bin/python -m benchmarks.rsna_scale --folder /tmp/rsna_scale --rows startup --cache false  # the old path
 
 The archive is kept in --folder for later calls (delete it afterwards: 20,000 slices take ~9 GB, the cache ~2.5 GB).
 Start-up rows run the real `vit-ct fit` (configs/rsna_ich.yaml, a 2-block ViT at 256 x 256, 2 loader workers) on
@@ -135,13 +137,6 @@ def build_archive(folder: Path, n: int) -> Path:
             print(f"  {i + 1:,} files written ({time.perf_counter() - start:.0f} s)", flush=True)
     manifest.write_text("\n".join(lines) + "\n")
     return manifest
-
-
-def head_of(manifest: Path, n: int) -> Path:
-    """A manifest of the first ``n`` rows beside ``manifest`` (its own check record and cache)."""
-    path = manifest.with_name(f"rsna_{n}.csv")
-    path.write_text("\n".join(manifest.read_text().splitlines()[: n + 1]) + "\n")
-    return path
 
 
 def plain_pydicom(manifest: Path, n: int) -> float:
@@ -285,7 +280,7 @@ def main(records: Path | None = None) -> None:
     manifest = build_archive(args.folder, args.n)
     size = sum(p.stat().st_size for p in (args.folder / "stage_2_train").iterdir()) / 1e9
     print(f"archive: {args.n:,} slices, {size:.1f} GB (built or found in {time.perf_counter() - start:.0f} s)")
-    small = head_of(manifest, args.small)
+    small = head_of(manifest, args.small, "rsna")
     cache_dir = args.folder / f"cache-{args.cache}"
     results_file = args.folder / f"results-{args.cache}.json"
     results: dict = {"n": args.n, "small": args.small, "cache": args.cache}
@@ -320,9 +315,9 @@ def main(records: Path | None = None) -> None:
         print_tables(results)
     print(printed.getvalue())
     if records is not None:
-        from vit_ct.run.records import command_line, write_record
+        from benchmarks.recording import command_line, write_record
 
-        write_record("rsna_scale", {}, command=command_line("benchmarks/rsna_scale.py"), notes={"results": results,
+        write_record("rsna_scale", {}, command=command_line("benchmarks.rsna_scale"), notes={"results": results,
                      "tables_markdown": printed.getvalue().strip()}, seconds=time.perf_counter() - start,
                      folder=records)  # fmt: skip
 
@@ -361,6 +356,6 @@ def print_tables(r: dict) -> None:
 
 
 if __name__ == "__main__":
-    from vit_ct.run.records import RECORDS
+    from benchmarks.recording import RECORDS
 
     main(records=RECORDS)

@@ -24,7 +24,7 @@ from lightning.pytorch import Callback
 ROOT = Path(__file__).resolve().parents[1]
 VIT_CT = str(Path(sys.executable).with_name("vit-ct"))
 USAGE = """example:
-  flock /tmp/team/training.lock .venv/bin/python benchmarks/scan_memory.py     # 100,000 slices in 3,000 scans
+  flock /tmp/team/training.lock .venv/bin/python -m benchmarks.scan_memory     # 100,000 slices in 3,000 scans
 
 The slices (32 x 32 float32 HU .npy, distinct, in one folder per scan) and both manifests are built once under
 --root and reused; the runs' folders there are replaced on each call. The record goes to
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--records", type=Path, default=ROOT / "benchmarks" / "records")
     args = parser.parse_args(argv)
     begin = time.perf_counter()
-    from vit_ct.run.records import command_line, git_state, markdown_table, write_record
+    from benchmarks.recording import command_line, git_state, markdown_table, write_record
 
     git = git_state()
     lengths = scan_lengths(args.n, args.scans, args.shortest, args.longest)
@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> dict:
     figures.update(summary)
     print("\n" + markdown_table(peaks))
     write_record(
-        "scan_memory", figures, command=command_line("benchmarks/scan_memory.py", argv), tables={"peaks": peaks},
+        "scan_memory", figures, command=command_line("benchmarks.scan_memory", argv), tables={"peaks": peaks},
         seconds=time.perf_counter() - begin, git=git, folder=args.records,
         notes={"slices": f"{args.size} x {args.size} float32 HU .npy, distinct (8 HU noise), {args.shortest} to"
                          f" {args.longest} a scan, one patient a scan, no split column",
@@ -304,7 +304,7 @@ def fit_runs(manifests: dict[str, Path], runs_dir: Path, *, env: dict, args: arg
 def summarise(runs: list[dict], caches: list[str]) -> tuple[dict, dict]:
     """The record's figures and its table: per cache, each kind's worst peak, before and during training, the ratio
     scan / slice, and what the probe saw of batches, scans and the scan-bag memory."""
-    from vit_ct.run.records import table
+    from benchmarks.recording import table
 
     figures, rows = {}, []
     for cache in caches:

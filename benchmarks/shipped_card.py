@@ -18,18 +18,18 @@ from rich.progress import track
 from sklearn.metrics import roc_auc_score
 from torch.utils.data import DataLoader
 
+from benchmarks.recording import RECORDS, command_line, write_record
 from vit_ct.data.loading.slice_dataset import CTSliceDataset, collate
 from vit_ct.data.manifests.manifest import read_manifest
 from vit_ct.explain.maps import localisation_maps
 from vit_ct.metrics.localisation import LocalisationMetrics, model_grid_spacing_mm
 from vit_ct.model import shipped
 from vit_ct.run.hardware import describe_machine
-from vit_ct.run.records import RECORDS, command_line, write_record
 from vit_ct.sim.pretraining import write_pretraining_set
 from vit_ct.task import ViTClassifier
 
 USAGE = """example (the card's figures; ~2 min on 2 CPU cores once the set is written):
-  .venv/bin/python benchmarks/shipped_card.py vit-ct/headct-tiny-256 --root data/card-test
+  .venv/bin/python -m benchmarks.shipped_card vit-ct/headct-tiny-256 --root data/card-test
   .venv/bin/python -m vit_ct.model.shipped record headct-tiny-256 benchmarks/records/shipped_card.json
 
 The card's `card_test` names the set (patients, slices per patient, seed of vit_ct.sim.pretraining); every slice
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> dict[str
                  "card_section": section, "precision": "32-true", "threads": torch.get_num_threads(),
                  "seconds_writing_the_set": round(written - start, 1)}  # fmt: skip
         notes |= {"manifest": str(manifest), "split": split} if args.pretraining_set else {"card_test": spec}
-        write_record(args.record_name, figures, command=command_line("benchmarks/shipped_card.py", argv),
+        write_record(args.record_name, figures, command=command_line("benchmarks.shipped_card", argv),
                      seconds=time.perf_counter() - written, notes=notes, folder=records)  # fmt: skip
     return figures
 

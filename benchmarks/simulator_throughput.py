@@ -10,7 +10,7 @@
 Prints markdown tables and, run as a script, writes its record (``benchmarks/records/simulator_throughput.json``);
 ~5 minutes on 2 cores:
 
-    .venv/bin/python benchmarks/simulator_throughput.py [--sizes 128 256] [--seconds 8] [--workers 2]
+    .venv/bin/python -m benchmarks.simulator_throughput [--sizes 128 256] [--seconds 8] [--workers 2]
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks.recording import RECORDS, command_line, markdown_table, table, write_record
 from vit_ct.run.hardware import describe_machine
-from vit_ct.run.records import RECORDS, command_line, markdown_table, table, write_record
 from vit_ct.sim.cohort import CohortConfig, simulate_cohort_patient
 from vit_ct.sim.phantom import PhantomConfig, simulate_slices
 from vit_ct.sim.pretraining import PROGRESS, write_pretraining_set
@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> None:
         figures |= {f"scan_speedup_batch{batch}": rate["sampled"] / rate["matrix"] for batch, rate in scans}
         notes = {"torch_threads": 1, "workers": args.workers, "img_size": args.img_size, "windows": args.windows,
                  "field_of_view_mm": FIELD_OF_VIEW_MM, "beam_hardening": args.beam_hardening}  # fmt: skip
-        write_record("simulator_throughput", figures, command=command_line("benchmarks/simulator_throughput.py", argv),
+        write_record("simulator_throughput", figures, command=command_line("benchmarks.simulator_throughput", argv),
                      tables={"stages": stage_table, "scans": scan_table, "simulators": simulator_table},
                      seconds=time.perf_counter() - start, notes=notes, folder=records)  # fmt: skip
 

@@ -40,13 +40,13 @@ from sklearn.preprocessing import StandardScaler
 from timm.optim import param_groups_weight_decay
 from torch.utils.data import DataLoader
 
+from benchmarks.recording import RECORDS, table, write_record
 from vit_ct.data.loading.datamodule import CTSliceDataModule, CTSliceDataset
 from vit_ct.explain.maps import upsampled_rollout
 from vit_ct.explain.segmentation import perfect_patch_map
 from vit_ct.metrics.localisation import LocalisationMetrics, model_grid_spacing_mm, score_slices
 from vit_ct.metrics.sink import mass_share
 from vit_ct.run.hardware import auto_precision, describe_machine
-from vit_ct.run.records import RECORDS, table, write_record
 from vit_ct.sim.phantom import PhantomConfig
 from vit_ct.sim.projector import Kernel
 from vit_ct.sim.synthetic import build_synthetic_dataset
@@ -144,7 +144,7 @@ ROWS = {
 }
 
 USAGE = """example (the README's table):
-  .venv/bin/python benchmarks/small_data.py --rows shipped shipped-ft shipped-ft-masks demo-ft vit-256 resnet18-256 \\
+  .venv/bin/python -m benchmarks.small_data --rows shipped shipped-ft shipped-ft-masks demo-ft vit-256 resnet18-256 \\
       --seeds 0 1 2 --demo runs/latest/checkpoints/last.ckpt --out small_data.md
 
 Rows (--rows): shipped (the weights that ship with vit-ct, --shipped, scored as they are), shipped-ft (fine-tuned

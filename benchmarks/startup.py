@@ -7,7 +7,7 @@ torch's, Lightning's and timm's share of them. With ``--baseline REV`` the same 
 commit (checked out in a temporary git worktree, put first on ``PYTHONPATH``), alternated with this tree's, so that a
 busy machine slows both alike.
 
-    python benchmarks/startup.py [--repeats 7] [--baseline 21b1848]
+    python -m benchmarks.startup [--repeats 7] [--baseline 21b1848]
 
 Run as a script it writes its record, ``benchmarks/records/startup.json``.
 """
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> dict:
     parser.add_argument("--baseline", help="a commit to measure beside this tree, e.g. the one before a change")
     parser.add_argument("--commands", nargs="+", choices=list(COMMANDS), default=list(COMMANDS), metavar="NAME")
     args = parser.parse_args(argv)
-    from vit_ct.run.records import command_line, describe, git_state, machine, markdown_table, table, write_record
+    from benchmarks.recording import command_line, describe, git_state, machine, markdown_table, table, write_record
 
     git, started = git_state(), time.monotonic()
     sides = {"now": None, "baseline": args.baseline} if args.baseline else {"now": None}
@@ -154,13 +154,13 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> dict:
         notes = {"repeats": args.repeats, "baseline": args.baseline, "times_s": {
             f"{side} | {name}": [round(t, 3) for t in found] for (side, name), found in times.items()},
             "imports_s": {f"{side} | {name}": found for (side, name), found in imports.items()}}  # fmt: skip
-        write_record("startup", figures, command=command_line("benchmarks/startup.py", argv),
+        write_record("startup", figures, command=command_line("benchmarks.startup", argv),
                      tables={"startup": startup}, seconds=time.monotonic() - started, notes=notes, folder=records,
                      git=git)  # fmt: skip
     return figures
 
 
 if __name__ == "__main__":
-    from vit_ct.run.records import RECORDS
+    from benchmarks.recording import RECORDS
 
     main(records=RECORDS)

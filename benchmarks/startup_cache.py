@@ -20,10 +20,12 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.ct_files import ct_dataset, head_of
+
 ROOT = Path(__file__).resolve().parents[1]
 USAGE = """example:
-  .venv/bin/python benchmarks/startup_cache.py --folder /tmp/startup              # 12,000 slices (6.3 GB): ~30 min
-  .venv/bin/python benchmarks/startup_cache.py --folder /tmp/startup --baseline 21b1848   # and that commit's code
+  .venv/bin/python -m benchmarks.startup_cache --folder /tmp/startup              # 12,000 slices (6.3 GB): ~30 min
+  .venv/bin/python -m benchmarks.startup_cache --folder /tmp/startup --baseline 21b1848   # and that commit's code
 
 The slices (512 x 512 int16 CT DICOM as RSNA's, or --format npy; a lesion mask on every third, 8 per patient, no
 split column) are kept in --folder for later calls (delete it afterwards); the caches are rebuilt for each call. The
@@ -50,20 +52,7 @@ def dicom_writer(size: int):
     pixels, as RSNA's files): a header made once, then the pixels after it."""
     import io
 
-    import pydicom
-    from pydicom.dataset import FileMetaDataset
-    from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian, generate_uid
-
-    ds = pydicom.Dataset()
-    ds.file_meta = FileMetaDataset()
-    ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
-    ds.file_meta.MediaStorageSOPClassUID = ds.SOPClassUID = CTImageStorage
-    ds.file_meta.MediaStorageSOPInstanceUID = ds.SOPInstanceUID = generate_uid()
-    ds.Modality, ds.PatientID, ds.Rows, ds.Columns = "CT", "benchmark", size, size
-    ds.PixelSpacing, ds.RescaleSlope, ds.RescaleIntercept = [0.45, 0.45], 1, -1024
-    ds.SamplesPerPixel, ds.PhotometricInterpretation = 1, "MONOCHROME2"
-    ds.BitsAllocated, ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 16, 16, 15, 1
-    ds.PixelData = np.zeros((size, size), np.int16).tobytes()
+    ds = ct_dataset(np.zeros((size, size)), "benchmark", PixelSpacing=[0.45, 0.45])
     buffer = io.BytesIO()
     ds.save_as(buffer, enforce_file_format=True)
     header = buffer.getvalue()[: -size * size * 2]  # PixelData is the last element: its value ends the file
@@ -102,12 +91,6 @@ def build_set(folder: Path, n: int, size: int, kind: str) -> Path:
         lines.append(f"slices/{name},{int(i % 3 == 0)},p{i // 8:06d},{mask}")
     manifest.write_text("\n".join(lines) + "\n")
     return manifest
-
-
-def head_of(manifest: Path, n: int) -> Path:
-    path = manifest.with_name(f"manifest_{n}.csv")
-    path.write_text("\n".join(manifest.read_text().splitlines()[: n + 1]) + "\n")
-    return path
 
 
 def code_of(rev: str, folder: Path) -> Path:
@@ -206,7 +189,7 @@ def main() -> None:
     parser.add_argument("--records", type=Path, default=ROOT / "benchmarks" / "records")
     args = parser.parse_args()
     begin = time.perf_counter()
-    from vit_ct.run.records import command_line, git_state, markdown_table, table, write_record
+    from benchmarks.recording import command_line, git_state, markdown_table, table, write_record
 
     git = git_state()
     args.folder.mkdir(parents=True, exist_ok=True)
@@ -243,7 +226,7 @@ def main() -> None:
     )  # fmt: skip
     print("\n" + markdown_table(startup) + "\n\n" + markdown_table(checksums))
     write_record(
-        "startup_cache", figures, command=command_line("benchmarks/startup_cache.py"),
+        "startup_cache", figures, command=command_line("benchmarks.startup_cache"),
         tables={"startup": startup, "checksums": checksums}, seconds=time.perf_counter() - begin, git=git,
         notes={"slices": f"{args.slice_size} x {args.slice_size} {args.format} in HU (DICOM: int16 uncompressed), a"
                          " .npy mask on every third, 8 per patient, no split",

@@ -27,32 +27,29 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import small_data  # noqa: E402  (a sibling: the families, their test split and how maps are scored)
-from faithfulness import map_areas, patch_counts  # noqa: E402
-from finer_maps import MANIFEST_CONFIG, default_checkpoint, heldout_manifest, timed_predict  # noqa: E402
-
-from vit_ct.data.loading.datamodule import CTSliceDataModule  # noqa: E402
-from vit_ct.explain.maps import upsample  # noqa: E402
-from vit_ct.explain.occlusion import brain_baseline  # noqa: E402
-from vit_ct.explain.pixels import POWER, SMOOTH_PX, smooth, spread_over_pixels  # noqa: E402
-from vit_ct.explain.sanity import model_randomisation, rollout_map  # noqa: E402
-from vit_ct.explain.shifted import READ_SHIFTS  # noqa: E402
-from vit_ct.run.records import RECORDS, command_line, git_state, table, write_record  # noqa: E402
-from vit_ct.task import ViTClassifier  # noqa: E402
+from benchmarks import small_data  # the families, their test split and how maps are scored
+from benchmarks.faithfulness import map_areas, patch_counts
+from benchmarks.finer_maps import MANIFEST_CONFIG, default_checkpoint, heldout_manifest, timed_predict
+from benchmarks.recording import RECORDS, command_line, git_state, table, write_record
+from vit_ct.data.loading.datamodule import CTSliceDataModule
+from vit_ct.explain.maps import upsample
+from vit_ct.explain.occlusion import brain_baseline
+from vit_ct.explain.pixels import POWER, SMOOTH_PX, smooth, spread_over_pixels
+from vit_ct.explain.sanity import model_randomisation, rollout_map
+from vit_ct.explain.shifted import READ_SHIFTS
+from vit_ct.task import ViTClassifier
 
 METHODS = ("rollout, one pass", "rollout, 2 x 2", "stem gradient x input", "rollout x stem share",
            "rollout x stem share^1/2 (map_pixels)")  # fmt: skip
 SCORES = ("pointing", "pixel_auroc", "dice", "hd95_mm", "energy_ratio")
 USAGE = """example (after `make demo`; ~6 min on 2 CPU cores):
-  .venv/bin/python benchmarks/stem_relevance.py --heldout near far
+  .venv/bin/python -m benchmarks.stem_relevance --heldout near far
 """
 
 
@@ -237,7 +234,7 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> dict:
     for name, t in tables.items():
         print(f"\n{name}\n" + "\n".join(" | ".join(str(c) for c in row) for row in [t["columns"], *t["rows"]]))
     if records is not None:
-        command = command_line("benchmarks/stem_relevance.py", argv)
+        command = command_line("benchmarks.stem_relevance", argv)
         write_record("stem_relevance", figures, command=command, tables=tables, seconds=time.perf_counter() - start,
                      notes=notes, folder=records, git=git)  # fmt: skip
     return {"figures": figures, "tables": tables, "notes": notes}

@@ -16,9 +16,9 @@ rest of the step), and the epoch ends (checkpoint, epoch hooks, a new loader ite
 timers read the host's clock without synchronising (that would change what is measured): there the table states
 images per second over whole epochs and the share of the step the host spends on the batch.
 
-    python benchmarks/training_pace.py                       # fp32 (and bf16 where the CPU has it natively), 2 repeats
-    python benchmarks/training_pace.py --before HEAD~3       # also the fit of an earlier commit, alternating
-    python benchmarks/training_pace.py --device cuda         # on a GPU machine (benchmarks/gpu_check.sh runs it)
+    python -m benchmarks.training_pace                       # fp32 (and bf16 where the CPU has it natively), 2 repeats
+    python -m benchmarks.training_pace --before HEAD~3       # also the fit of an earlier commit, alternating
+    python -m benchmarks.training_pace --device cuda         # on a GPU machine (benchmarks/gpu_check.sh runs it)
 
 Run as a script it writes ``benchmarks/records/training_pace.json`` (``--no-record``: prints only).
 """
@@ -334,8 +334,8 @@ def main() -> None:
         return plain_child(args.plain_child, args.precision[0], args.epochs, args.device, args.allocator)
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("training_pace.py --device cuda: no CUDA device here")
+    from benchmarks.recording import RECORDS, command_line, table, write_record
     from vit_ct.run.hardware import describe_machine
-    from vit_ct.run.records import RECORDS, command_line, table, write_record
 
     begin = time.perf_counter()
     chosen, why = precisions(args.device, args.precision)
@@ -388,7 +388,7 @@ def main() -> None:
     if not args.no_record:
         notes = {"device": args.device, "precisions": why, "epochs": args.epochs, "repeats": args.repeats,
                  "batch": args.batch_size, "before": args.before, "runs": runs}  # fmt: skip
-        command = command_line("benchmarks/training_pace.py")
+        command = command_line("benchmarks.training_pace")
         path = write_record("training_pace", figures, tables=tables, command=command,
                             seconds=time.perf_counter() - begin, notes=notes, folder=RECORDS)  # fmt: skip
         print(f"record written: {path}")

@@ -9,7 +9,7 @@ memory autograd holds for the backward pass); 1 vs 2 DDP processes (gloo) on the
 on the same cores with OpenMP's default spin-waiting vs passive waiting. The default model is the
 demo's (ViT-Ti width, 6 blocks, 128 x 128, batch 32). Takes ~6-10 minutes on 2 cores:
 
-    python benchmarks/training_throughput.py [--steps 12] [--warmup 3]
+    python -m benchmarks.training_throughput [--steps 12] [--warmup 3]
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ import torch.nn.functional as F
 from lightning.pytorch import Callback
 from torch.utils.data import DataLoader
 
+from benchmarks.recording import RECORDS, command_line, table, write_record
 from vit_ct import ViTClassifier
 from vit_ct.run.hardware import auto_precision, describe_machine, usable_cpus
-from vit_ct.run.records import RECORDS, command_line, table, write_record
 
 # The demo's network; the in-memory rows train it on random images without masks, so without the mask-supervised losses
 MODEL = {"arch": "vit_tiny_patch16_224", "depth": 6, "img_size": 128, "in_chans": 1, "drop_path_rate": 0.1}
@@ -259,7 +259,7 @@ def print_table(args: argparse.Namespace, rows: list, chosen: str, reason: str) 
                  "model": MODEL, "auto_precision": chosen}  # fmt: skip
         seconds = time.perf_counter() - args.begin
         write_record("training_throughput", {"ratios": [row[3] for row in rows]}, tables={"throughput": results},
-                     command=command_line("benchmarks/training_throughput.py"), seconds=seconds, notes=notes,
+                     command=command_line("benchmarks.training_throughput"), seconds=seconds, notes=notes,
                      folder=args.records)  # fmt: skip
 
 

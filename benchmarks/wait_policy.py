@@ -12,7 +12,7 @@ user sets wins), so both run the same code. Each case alternates before / after,
 - ``workers``: the same fit with 2 DataLoader workers reading the DICOM files every epoch (no cache);
 - ``simulator``: building a synthetic set of 24 patients x 4 slices with 2 worker processes.
 
-    python benchmarks/wait_policy.py [--epochs 3] [--repeats 2] [--cases alone ddp workers simulator]
+    python -m benchmarks.wait_policy [--epochs 3] [--repeats 2] [--cases alone ddp workers simulator]
 
 Run as a script it writes its record, ``benchmarks/records/wait_policy.json``.
 """
@@ -58,9 +58,8 @@ def fit_command(case: str, epochs: int) -> list[str]:
     return command
 
 
-SIMULATOR = f"""
+SIMULATOR = """
 import sys
-sys.path.insert(0, {str(ROOT)!r})
 from vit_ct.sim.synthetic import build_synthetic_dataset
 build_synthetic_dataset(sys.argv[1], n_patients=24, slices_per_patient=4, num_workers=2, progress=False)
 """
@@ -88,9 +87,8 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> None:
     parser.add_argument("--cases", nargs="+", default=["alone", "ddp", "workers", "simulator"])
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    sys.path.insert(0, str(ROOT))
+    from benchmarks.recording import command_line, markdown_table, table, write_record
     from vit_ct.run.hardware import describe_machine
-    from vit_ct.run.records import command_line, markdown_table, table, write_record
 
     if "simulator" not in args.cases or len(args.cases) > 1:  # the demo set, once, outside the timings
         subprocess.run([*fit_command("alone", 0)], cwd=tempfile.gettempdir(), env=environment(False, "alone"),
@@ -117,12 +115,12 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> None:
     print(markdown_table(results_table))
     if records is not None:
         notes = {"epochs": args.epochs, "repeats": args.repeats, "precision": "32-true"}
-        write_record("wait_policy", figures, command=command_line("benchmarks/wait_policy.py", argv),
+        write_record("wait_policy", figures, command=command_line("benchmarks.wait_policy", argv),
                      tables={"wait_policy": results_table}, seconds=time.perf_counter() - start, notes=notes,
                      folder=records)  # fmt: skip
 
 
 if __name__ == "__main__":
-    from vit_ct.run.records import RECORDS
+    from benchmarks.recording import RECORDS
 
     main(records=RECORDS)

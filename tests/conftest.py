@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -13,6 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+
+from benchmarks.orthanc import free_port  # noqa: F401  (the tests' servers take their ports from it too)
 
 os.environ.setdefault("WANDB_MODE", "offline")  # tests never reach the network
 os.environ.setdefault("WANDB_SILENT", "true")
@@ -52,13 +52,6 @@ def run_vit_ct(*args: str, cwd: Path, pythonpath: Path | None = None) -> None:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
 
 
-def free_port() -> int:
-    """A TCP port on the loopback interface that nothing listens on now (for a test's own server)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def tiny_checkpoint_file(path: Path) -> Path:
     """A checkpoint of a tiny untrained ViTClassifier (seed 0, 32 x 32, one channel), saved as fit saves one."""
     import torch
@@ -85,16 +78,6 @@ def quiet_trainer(**overrides):
         "enable_model_summary": False,
     }
     return L.Trainer(**{**settings, **overrides})
-
-
-def load_benchmark(name: str):
-    """``benchmarks/<name>.py`` as a module (benchmarks are scripts, not a package), registered in ``sys.modules``
-    while it executes: dataclasses look their module up there."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="session")

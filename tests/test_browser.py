@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import TINY_MODEL_ARGS, free_port, load_benchmark, run_vit_ct, tiny_data_args
+from conftest import TINY_MODEL_ARGS, free_port, run_vit_ct, tiny_data_args
 from PIL import Image
 
 from vit_ct import review
@@ -190,7 +190,8 @@ def test_the_report_opens_without_errors_and_its_first_screen_is_captured(tmp_pa
 
     out, manifest = fake_predict_output(tmp_path)
     page = write_report(out, manifest, tmp_path / "report", resamples=50)
-    screenshot = load_benchmark("report_screenshot")
+    from benchmarks import report_screenshot as screenshot
+
     png = tmp_path / "first_screen.png"
     state = screenshot.main([str(page), "--output", str(png), "--width", "1000", "--height", "700"])
     assert state["errors"] == [] and state["broken"] == []

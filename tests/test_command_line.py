@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import DEMO_LEVERS, load_benchmark, quiet_trainer
+from conftest import DEMO_LEVERS, quiet_trainer
 from npy_manifest import DEMO, MANIFEST, manifest_args, write_npy_manifest
 from wandb_records import history_and_config
 
@@ -94,7 +94,8 @@ def test_help_and_the_commands_that_need_no_model_import_no_torch():
 def test_the_start_up_benchmark_reads_which_packages_each_command_imports():
     """benchmarks/startup.py's import report: torch, Lightning and timm where the full parser is built, none for the
     overview (not timed: the figures are the benchmark's)."""
-    startup = load_benchmark("startup")
+    from benchmarks import startup
+
     full, overview = startup.import_times("vit-ct fit --help", None), startup.import_times("vit-ct --help", None)
     assert all(full[package] > 0 for package in ("torch", "lightning", "timm")) and full["imports"] > full["torch"]
     assert overview["torch"] == overview["lightning"] == overview["timm"] == 0 and overview["imports"] > 0

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from pydicom.dataset import Dataset, FileMetaDataset
-from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian, generate_uid
+from pydicom.uid import generate_uid
 
+from benchmarks.ct_files import write_ct
 from vit_ct.data.datasets import write_dataset_manifest
 from vit_ct.data.datasets.cq500 import choose_series, study_series
 from vit_ct.data.io.reader import load_ct_slice
@@ -48,29 +48,15 @@ def write_series(folder: Path, study: int, study_uid: str, thickness: float, ima
         hu = np.full((16, 14), 30, np.int16)
         hu[:, :2] = -1000
         hu[0, 0] = 100 + k
-        meta = FileMetaDataset()
-        meta.MediaStorageSOPClassUID, meta.MediaStorageSOPInstanceUID = CTImageStorage, generate_uid()
-        meta.TransferSyntaxUID = ExplicitVRLittleEndian
-        ds = Dataset()
-        ds.file_meta = meta
-        ds.SOPClassUID, ds.SOPInstanceUID = CTImageStorage, meta.MediaStorageSOPInstanceUID
-        ds.Modality, ds.PatientID = "CT", f"CQ500-CT-{study}"
-        ds.StudyInstanceUID, ds.SeriesInstanceUID = study_uid, series_uid
-        ds.SeriesDescription = folder.name.removeprefix("CT ")
-        ds.ConvolutionKernel, ds.SliceThickness = kernel, thickness
-        ds.ImageType = ["ORIGINAL", "PRIMARY", extra.get("ImageType", "AXIAL")]
-        if "ContrastBolusAgent" in extra:
-            ds.ContrastBolusAgent = extra["ContrastBolusAgent"]
-        ds.ImagePositionPatient = [-60.0, -70.0, -40.0 + k * thickness]
-        ds.ImageOrientationPatient = [1, 0, 0, 0, 1, 0]
-        ds.PixelSpacing = [0.45, 0.45]
-        ds.InstanceNumber = images - k
-        ds.Rows, ds.Columns = hu.shape
-        ds.SamplesPerPixel, ds.PhotometricInterpretation = 1, "MONOCHROME2"
-        ds.BitsAllocated, ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 16, 16, 15, 1
-        ds.RescaleSlope, ds.RescaleIntercept = 1, -1024
-        ds.PixelData = (hu + 1024).astype("<i2").tobytes()
-        ds.save_as(folder / f"CT{images - 1 - k:06d}.dcm", enforce_file_format=True)
+        attributes = {
+            "ImageType": ["ORIGINAL", "PRIMARY", extra.get("ImageType", "AXIAL")],
+            **({"ContrastBolusAgent": extra["ContrastBolusAgent"]} if "ContrastBolusAgent" in extra else {}),
+        }
+        write_ct(folder / f"CT{images - 1 - k:06d}.dcm", hu, f"CQ500-CT-{study}", StudyInstanceUID=study_uid,
+                 SeriesInstanceUID=series_uid, SeriesDescription=folder.name.removeprefix("CT "),
+                 ConvolutionKernel=kernel, SliceThickness=thickness,
+                 ImagePositionPatient=[-60.0, -70.0, -40.0 + k * thickness], ImageOrientationPatient=[1, 0, 0, 0, 1, 0],
+                 PixelSpacing=[0.45, 0.45], InstanceNumber=images - k, **attributes)  # fmt: skip
 
 
 def write_reads(path: Path, studies) -> None:

@@ -9,10 +9,11 @@ import re
 import shutil
 
 import pytest
-from conftest import ROOT, load_benchmark
+from conftest import ROOT
 
-from vit_ct.run import records as records_module
-from vit_ct.run.records import (
+from benchmarks import docs
+from benchmarks import recording as records_module
+from benchmarks.recording import (
     RECORDS,
     changed_code,
     code_fingerprint,
@@ -24,7 +25,6 @@ from vit_ct.run.records import (
 )
 from vit_ct.run.summary import report
 
-docs = load_benchmark("docs")
 README = ROOT / "README.md"
 # A measured figure outside a generated part: a duration, a size, a speed-up, a rate, a score of two or more
 # decimals, a percentage, a ratio in words.
@@ -192,11 +192,11 @@ def test_a_marker_naming_no_record_or_figure_is_refused_by_file_and_line(tmp_pat
 
 def test_a_record_holds_the_figures_the_command_the_commit_and_the_machine(tmp_path):
     results = table(["method", "ms"], [["a", 1.234], ["b", None]], [None, ".1f"])
-    path = write_record("bench", {"a_ms": 1.234}, command="python benchmarks/x.py --n 2", tables={"t": results},
+    path = write_record("bench", {"a_ms": 1.234}, command="python -m benchmarks.x --n 2", tables={"t": results},
                         seconds=448.4, folder=tmp_path)  # fmt: skip
     record = read_record("bench", tmp_path)
     assert path == tmp_path / "bench.json" and record["figures"] == {"a_ms": 1.234}
-    assert record["command"] == "python benchmarks/x.py --n 2" and record["seconds"] == 448.4
+    assert record["command"] == "python -m benchmarks.x --n 2" and record["seconds"] == 448.4
     assert re.fullmatch(r"[0-9a-f]{40}", record["commit"]) and isinstance(record["dirty"], bool)
     assert {"cpu", "cpus_usable", "native_bf16", "torch"} <= set(record["machine"])
     assert markdown_table(record["tables"]["t"]) == "| method | ms |\n|---|---:|\n| a | 1.2 |\n| b |  |"
@@ -237,10 +237,10 @@ def test_the_demo_left_the_checkout_as_it_was():
 
 
 def test_a_record_keeps_the_code_it_ran_and_the_check_lists_what_changed_since(tmp_path):
-    path = write_record("r", {"auroc": 0.9}, command="python benchmarks/docs.py --config configs/demo.yaml",
+    path = write_record("r", {"auroc": 0.9}, command="python -m benchmarks.docs --config configs/demo.yaml",
                         folder=tmp_path, git={"commit": "abc", "dirty": False})  # fmt: skip
     record = read_record("r", tmp_path)
-    assert {"vit_ct/run/records.py", "configs/demo.yaml", "benchmarks/docs.py"} <= set(record["code"])
+    assert {"benchmarks/recording.py", "configs/demo.yaml", "benchmarks/docs.py"} <= set(record["code"])
     assert changed_code(record) == []  # the code as it is now
     root = tmp_path / "checkout"
     (root / "configs").mkdir(parents=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import lightning as L
 import pytest
 import torch
-from conftest import DEMO_LEVERS, load_benchmark
+from conftest import DEMO_LEVERS
 
 from vit_ct.explain.occlusion import brain_baseline, occlusion_sensitivity
 from vit_ct.task import ViTClassifier
@@ -13,7 +13,9 @@ from vit_ct.task import ViTClassifier
 
 @pytest.fixture(scope="module")
 def fb():
-    return load_benchmark("faithfulness")
+    from benchmarks import faithfulness
+
+    return faithfulness
 
 
 def test_baseline_is_normal_brain_in_the_head_and_air_outside():

@@ -4,7 +4,7 @@ and writes a record whose figures agree with each other and with what `vit-ct te
 import json
 
 import pytest
-from conftest import ROOT, TINY_MODEL_ARGS, load_benchmark, tiny_data_args
+from conftest import ROOT, TINY_MODEL_ARGS, tiny_data_args
 
 from vit_ct.cli import main as vit_ct
 
@@ -21,13 +21,14 @@ def tiny_checkpoint(synthetic_set, tmp_path_factory):
 
 @pytest.mark.medium
 def test_the_benchmark_writes_a_record_whose_figures_agree(tiny_checkpoint, synthetic_set, tmp_path):
-    finer_maps = load_benchmark("finer_maps")
+    from benchmarks import finer_maps
+
     argv = ["--ckpt", str(tiny_checkpoint), "--manifest", str(synthetic_set), "--shifts", "1", "2", "--repeats", "1",
             "--n-slices", "3", "--sanity-slices", "2", "--steps", "4", "--warm-up", "0"]  # fmt: skip
     finer_maps.main(argv, records=tmp_path)
     record = json.loads((tmp_path / "finer_maps.json").read_text())
     f, notes = record["figures"], record["notes"]
-    assert record["command"].startswith("python benchmarks/finer_maps.py --ckpt")
+    assert record["command"].startswith("python -m benchmarks.finer_maps --ckpt")
     # the same `vit-ct test` in this process gives the record's map scores
     direct = finer_maps.test_metrics(["--config", str(finer_maps.MANIFEST_CONFIG), "--ckpt_path",
                                       str(tiny_checkpoint)], synthetic_set, 2)  # fmt: skip
@@ -63,7 +64,8 @@ def test_the_benchmark_writes_a_record_whose_figures_agree(tiny_checkpoint, synt
 def test_the_pixel_benchmark_scores_what_vit_ct_test_reports(tiny_checkpoint, synthetic_set, tmp_path):
     """benchmarks/stem_relevance.py: its map_pixels row is what `vit-ct test --model.map_pixels true` scores, the
     pixel map's randomisation check is recorded, and the cost ratios are the record's own times."""
-    stem_relevance, finer_maps = load_benchmark("stem_relevance"), load_benchmark("finer_maps")
+    from benchmarks import finer_maps, stem_relevance
+
     argv = ["--ckpt", str(tiny_checkpoint), "--manifest", str(synthetic_set), "--repeats", "1", "--n-slices", "3",
             "--sanity-slices", "2", "--steps", "4"]  # fmt: skip
     stem_relevance.main(argv, records=tmp_path)

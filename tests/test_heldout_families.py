@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import load_benchmark
 from scipy.ndimage import binary_erosion
 
 from vit_ct.sim.anatomy import Tissue
@@ -16,7 +15,9 @@ from vit_ct.sim.projector import Kernel
 
 @pytest.fixture(scope="module")
 def sd():
-    return load_benchmark("small_data")
+    from benchmarks import small_data
+
+    return small_data
 
 
 def test_far_family_lies_outside_every_pretraining_range(sd):

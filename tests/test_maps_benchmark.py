@@ -2,11 +2,8 @@
 
 import inspect
 
-from conftest import load_benchmark
-
+from benchmarks import maps
 from vit_ct.task import ViTClassifier
-
-maps = load_benchmark("maps")
 
 
 def test_every_variant_sets_every_lever_by_its_model_argument():

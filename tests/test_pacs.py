@@ -1,7 +1,7 @@
 """The PACS round trip against a real PACS: Debian's Orthanc with its DICOMweb plugin on a loopback port
-(tests/orthanc.py). A synthetic study is stored, found and retrieved pixel for pixel; files are stored and read back,
-each one reported; a server that is down, silent, refusing the password, or without the study is a named error naming
-the URL; ``vit-ct pacs`` runs the whole trip through ``vit-ct predict``'s DICOM objects."""
+(benchmarks/orthanc.py). A synthetic study is stored, found and retrieved pixel for pixel; files are stored and read
+back, each one reported; a server that is down, silent, refusing the password, or without the study is a named
+error naming the URL; ``vit-ct pacs`` runs the whole trip through ``vit-ct predict``'s DICOM objects."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ import numpy as np
 import pydicom
 import pytest
 from conftest import free_port
-from orthanc import IN_CI, INSTALL, MISSING, running_orthanc
 from pydicom.data import get_testdata_file
 
+from benchmarks.orthanc import IN_CI, INSTALL, MISSING, running_orthanc
 from vit_ct.cli import main
 from vit_ct.pacs.connection import (
     AccessRefused,

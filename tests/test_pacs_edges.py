@@ -2,8 +2,9 @@
 server that never would let dicomweb-client's paging end (Orthanc's REST root given instead of its DICOMweb root, a
 server that ignores ``offset``, one with more series than a study holds, one that pages slowly without end: the
 ``--timeout`` deadline); and a URL with ``user:password@`` is refused with the password masked, shown nowhere (not in
-the output, not in a file) since credentials come from the environment only. The servers here are tests/orthanc.py's
-real Orthanc and tiny stdlib ``http.server`` ones on loopback ports, each serving a bounded number of requests."""
+the output, not in a file) since credentials come from the environment only. The servers here are
+benchmarks/orthanc.py's real Orthanc and tiny stdlib ``http.server`` ones on loopback ports, each serving a bounded
+number of requests."""
 
 from __future__ import annotations
 
@@ -22,9 +23,9 @@ from urllib.parse import parse_qs, urlsplit
 import pydicom
 import pytest
 from conftest import free_port
-from orthanc import running_orthanc
 from test_pacs import _require_orthanc, needs_orthanc, write_study
 
+from benchmarks.orthanc import running_orthanc
 from vit_ct.pacs import retrieval
 from vit_ct.pacs.connection import (
     DeadlinePassed,

@@ -1,4 +1,4 @@
-"""What ``vit-ct pacs`` writes, against a real Orthanc (tests/orthanc.py): a server's SOPInstanceUID never decides
+"""What ``vit-ct pacs`` writes, against a real Orthanc (benchmarks/orthanc.py): a server's SOPInstanceUID never decides
 where a retrieved file goes, ``--overwrite`` keeps an earlier run until the new one has stored something, and Ctrl-C
 while storing leaves the record of every file."""
 

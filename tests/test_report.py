@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import TINY_MODEL_ARGS, load_benchmark, tiny_data_args
+from conftest import TINY_MODEL_ARGS, tiny_data_args
 from npy_manifest import DEMO
 from predict_outputs import fake_predict_output
 from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
@@ -293,7 +293,8 @@ def test_bad_input_is_named(tmp_path, capsys, damage, expected):
 @pytest.mark.medium
 def test_the_benchmark_times_a_report_and_writes_its_record(tmp_path):
     out, manifest = fake_predict_output(tmp_path, patients=8)
-    report_time = load_benchmark("report_time")
+    from benchmarks import report_time
+
     figures = report_time.main([str(out), "--manifest", str(manifest), "--repeats", "1", "--bootstrap", "20",
                                 "--summary", str(tmp_path / "none.json")], records=tmp_path / "records")  # fmt: skip
     record = json.loads((tmp_path / "records" / "report_time.json").read_text())

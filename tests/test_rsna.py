@@ -14,9 +14,8 @@ import torch
 import yaml
 from conftest import TINY_MODEL_ARGS
 from pydicom.data import get_testdata_file
-from pydicom.dataset import Dataset, FileMetaDataset
-from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian, generate_uid
 
+from benchmarks.ct_files import write_ct
 from vit_ct.data.datasets.rsna_manifest import RSNA_LABELS, build_rsna_manifest, main, read_rsna_labels
 from vit_ct.data.io.reader import load_ct_slice
 from vit_ct.data.manifests.manifest import read_manifest
@@ -27,20 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def write_ct_dicom(path: Path, hu: np.ndarray, patient_id: str) -> None:
     """A minimal CT Image Storage file: int16 stored = HU + 1024, intercept -1024."""
-    meta = FileMetaDataset()
-    meta.MediaStorageSOPClassUID = CTImageStorage
-    meta.MediaStorageSOPInstanceUID = generate_uid()
-    meta.TransferSyntaxUID = ExplicitVRLittleEndian
-    ds = Dataset()
-    ds.file_meta = meta
-    ds.SOPClassUID, ds.SOPInstanceUID = CTImageStorage, meta.MediaStorageSOPInstanceUID
-    ds.Modality, ds.PatientID = "CT", patient_id
-    ds.Rows, ds.Columns = hu.shape
-    ds.SamplesPerPixel, ds.PhotometricInterpretation = 1, "MONOCHROME2"
-    ds.BitsAllocated, ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 16, 16, 15, 1
-    ds.RescaleSlope, ds.RescaleIntercept = 1, -1024
-    ds.PixelData = np.round(hu + 1024).astype("<i2").tobytes()
-    ds.save_as(path, enforce_file_format=True)
+    write_ct(path, hu, patient_id)
 
 
 def copy_with_patient(source: str, path: Path, patient_id: str) -> None:

@@ -10,9 +10,8 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import load_benchmark
 
-scan_memory = load_benchmark("scan_memory")
+from benchmarks import scan_memory
 
 
 def test_scan_lengths_stay_in_range_and_add_up():
@@ -52,7 +51,9 @@ def test_the_benchmark_trains_both_manifests_and_records_consistent_figures(tmp_
                                 "--epochs", "2", "--val_batches", "1", "--cache", "false",
                                 "--records", str(tmp_path / "records")])  # fmt: skip
     record = json.loads((tmp_path / "records" / "scan_memory.json").read_text())
-    assert record["figures"] == pytest.approx(figures) and record["command"].startswith("python benchmarks/")
+    assert record["figures"] == pytest.approx(figures) and record["command"].startswith(
+        "python -m benchmarks.scan_memory"
+    )
     runs = record["notes"]["runs"]
     assert [(r["kind"], r["status"]) for r in runs] == [("slice", 0), ("scan", 0)] and figures["cache_false_finished"]
     slice_peak, scan_peak = figures["cache_false_slice_peak_mib"], figures["cache_false_scan_peak_mib"]

@@ -110,9 +110,10 @@ def test_data_module_augments_training_batches_in_hu_before_the_windows(syntheti
 
 
 def test_augmentation_benchmark_times_every_contender():
-    from conftest import load_benchmark
 
-    report = load_benchmark("augmentation").main(["--batch", "2", "--size", "32", "--repeats", "1"])
+    from benchmarks import augmentation
+
+    report = augmentation.main(["--batch", "2", "--size", "32", "--repeats", "1"])
     rows = [line for line in report.splitlines() if line.startswith("| ") and "ms per batch" not in line]
     names = [r.split(" | ")[0][2:] for r in rows]
     assert any(n.startswith("kornia") for n in names) and any(n.startswith("MONAI random intensity") for n in names)

@@ -110,7 +110,7 @@ OTHER_CPU_HD95_TOLERANCE_MM = 0.5
 
 @pytest.mark.medium
 def test_export_takes_the_cards_figures_from_a_record_of_these_weights_only(exported, tmp_path):
-    from vit_ct.run.records import write_record
+    from benchmarks.recording import write_record
 
     folder = shipped.FOLDER
     notes = {"weights": "vit-ct/tiny", "card_section": "card_test", "precision": "32-true",
@@ -133,7 +133,7 @@ def test_export_takes_the_cards_figures_from_a_record_of_these_weights_only(expo
 
 
 def test_the_cards_figures_are_the_record_of_a_scoring_of_these_very_weights():
-    from vit_ct.run.records import read_record
+    from benchmarks.recording import read_record
 
     card_page = (Path(__file__).resolve().parents[1] / "docs" / "reference.md").read_text()  # the card's table
     claimed = re.search(r"scores within ([0-9.e-]+) and HD95 within ([0-9.]+) mm", card_page)  # the docs' claim
@@ -161,11 +161,10 @@ def test_the_package_ships_its_head_ct_weights_with_a_card():
 @pytest.mark.slow
 def test_the_shipped_weights_reproduce_their_cards_figures_on_the_card_test_set(tmp_path):
     """Offline, by name: the card test set regenerated from the seed the card names, scored as the card was."""
-    from conftest import load_benchmark
 
+    from benchmarks import shipped_card as card_benchmark
     from vit_ct.run.hardware import cpu_has_native_bf16, cpu_model
 
-    card_benchmark = load_benchmark("shipped_card")
     expected, measured = shipped.card(SHIPPED)["card_test"]["figures"], shipped.card(SHIPPED)["card_test"]["measured"]
     card_cpu = measured["cpu"] in cpu_model() and measured["native_bf16"] == cpu_has_native_bf16()
     scores, hd95 = ((SCORE_TOLERANCE, HD95_TOLERANCE_MM) if card_cpu

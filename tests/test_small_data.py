@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import torch
 import yaml
-from conftest import DEMO_LEVERS, load_benchmark
+from conftest import DEMO_LEVERS
 from sklearn.metrics import roc_auc_score
 
 from vit_ct.sim.cohort import COHORT_STREAM, CohortConfig, draw_patient
@@ -22,7 +22,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def sd():
-    return load_benchmark("small_data")
+    from benchmarks import small_data
+
+    return small_data
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +39,8 @@ def pretraining_draws():
 def test_the_family_table_says_what_lies_outside_the_pretraining_and_the_draws_agree(sd, pretraining_draws):
     """The README's table of the held-out families (benchmarks/family_ranges.py, from the code): each verdict held
     against what the pretraining really draws, not against a config's defaults."""
-    ranges = load_benchmark("family_ranges")
+    from benchmarks import family_ranges as ranges
+
     rows = {row.name: row.families for row in ranges.settings()}
     verdict = {(name, family): rows[name][family][1] for name in rows for family in ("near", "far")}
     beam = [p.beam_hardening for p in pretraining_draws]

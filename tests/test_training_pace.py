@@ -4,7 +4,6 @@ comes back cause by cause, and the causes add up to the wall time."""
 from __future__ import annotations
 
 import pytest
-from conftest import load_benchmark
 
 
 def _log() -> list[dict]:
@@ -24,7 +23,8 @@ def _log() -> list[dict]:
 
 
 def test_fit_causes_returns_each_known_duration_and_they_add_up():
-    pace = load_benchmark("training_pace")
+    from benchmarks import training_pace as pace
+
     ms = pace.fit_causes(_log(), batch_size=32)
     expected = {"forward": 150, "backward": 300, "optimizer": 20, "read": 10, "augment": 20, "logging": 10, "loop": 20,
                 "epoch_end": 100 / 3}  # fmt: skip

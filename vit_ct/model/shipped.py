@@ -74,7 +74,7 @@ def weights_sha256(path: str | Path) -> str:
 
 
 def add_record(name: str, record_path: str | Path, folder: Path = FOLDER) -> Path:
-    """Put the figures of a measurement's record (``vit_ct.run.records``) into the card of shipped weights ``name``:
+    """Put the figures of a measurement's record (``benchmarks.recording``) into the card of shipped weights ``name``:
     ``card[<the record's card_section>] = {"figures": ..., "measured": how, when, where}``; returns the card.
 
     Raises:

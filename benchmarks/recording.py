@@ -25,7 +25,7 @@ import torch
 from vit_ct.files import atomic_write
 from vit_ct.run.hardware import cpu_has_native_bf16, cpu_model, usable_cpus
 
-ROOT = Path(__file__).resolve().parents[2]  # the checkout (benchmarks only run from one)
+ROOT = Path(__file__).resolve().parents[1]  # the checkout (benchmarks only run from one)
 RECORDS = ROOT / "benchmarks" / "records"
 NAME = re.compile(r"[a-z0-9][a-z0-9_-]*")
 
@@ -66,14 +66,16 @@ def git_state(folder: Path = ROOT) -> dict[str, Any]:
 
 def code_fingerprint(command: str, root: Path = ROOT) -> dict[str, str]:
     """The code a measurement ran, file by file (path relative to the checkout -> the first 16 hex digits of its
-    SHA-256): every ``vit_ct`` module this process imported, the configs the command names (``--config``) and the
-    script it runs. A measurement that starts ``vit-ct`` as a process imports most of what that process does too, so
-    this is the code to compare, not a proof: :func:`changed_code` says which of these files differ since."""
+    SHA-256): every ``vit_ct`` and ``benchmarks`` module this process imported (the benchmark's helpers too), the
+    configs the command names (``--config``) and the benchmark it runs (``-m benchmarks.NAME``). A measurement that
+    starts ``vit-ct`` as a process imports most of what that process does too, so this is the code to compare, not a
+    proof: :func:`changed_code` says which of these files differ since."""
     files = {Path(m.__file__) for name, m in list(sys.modules.items())
-             if name.split(".")[0] == "vit_ct" and getattr(m, "__file__", None)}  # fmt: skip
+             if name.split(".")[0] in ("vit_ct", "benchmarks") and getattr(m, "__file__", None)}  # fmt: skip
     words = shlex.split(command)
     files |= {root / b for a, b in zip(words, words[1:], strict=False) if a == "--config"}
-    files |= {root / w for w in words if w.startswith("benchmarks/") and w.endswith(".py")}
+    files |= {root / (b.replace(".", "/") + ".py") for a, b in zip(words, words[1:], strict=False)
+              if a == "-m" and b.startswith("benchmarks.")}  # fmt: skip
     found = {}
     for path in sorted(files):
         path = path.resolve()
@@ -95,9 +97,10 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
-def command_line(script: str, argv: list[str] | None = None) -> str:
-    """The command as a reader would type it again: ``python SCRIPT ARGS`` (``argv`` None: this process's)."""
-    return shlex.join(["python", script, *(sys.argv[1:] if argv is None else argv)])
+def command_line(module: str, argv: list[str] | None = None) -> str:
+    """The command as a reader would type it again in the checkout: ``python -m MODULE ARGS`` (``argv`` None: this
+    process's)."""
+    return shlex.join(["python", "-m", module, *(sys.argv[1:] if argv is None else argv)])
 
 
 def timed_vit_ct(*args: str) -> float:

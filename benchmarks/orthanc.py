@@ -9,14 +9,13 @@ import contextlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-
-from conftest import free_port
 
 ORTHANC = shutil.which("Orthanc") or ("/usr/sbin/Orthanc" if os.access("/usr/sbin/Orthanc", os.X_OK) else None)
 PLUGIN = "/usr/share/orthanc/plugins/libOrthancDicomWeb.so"
@@ -25,6 +24,13 @@ INSTALL = "Debian/Ubuntu: apt-get install orthanc orthanc-dicomweb"
 # CI must run these tests, not skip them: there (CI set, as CI services and .ci/run do) a missing Orthanc fails them.
 IN_CI = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 START_S = 30.0
+
+
+def free_port() -> int:
+    """A TCP port on the loopback interface that nothing listens on now (for a test's or a benchmark's server)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def orthanc_config(folder: Path, port: int, users: dict[str, str] | None) -> dict:
