@@ -264,3 +264,9 @@ def test_the_projects_records_refuse_a_tree_with_uncommitted_changes():
     with pytest.raises(ValueError, match=r"record never: the checkout had uncommitted changes .* commit, then measure"):
         write_record("never", {"x": 1}, command="python x.py", git={"commit": "abc", "dirty": True})
     assert sorted(RECORDS.glob("*.json")) == before
+
+
+def test_the_readme_stays_short_enough_to_follow():
+    """At most 300 lines: the overview, the two commands, the own-data path and the maps; the rest lives in docs/."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 300, f"README.md has {len(lines)} lines: move detail into docs/"

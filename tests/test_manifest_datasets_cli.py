@@ -24,7 +24,7 @@ import test_datasets_rsna
 from test_datasets_cq500 import SERIES, write_reads
 
 from vit_ct.data.datasets import ALIASES, DATASETS, write_dataset_manifest
-from vit_ct.predict.manifest_command import DATASET_NAMES, DATASET_OPTIONS
+from vit_ct.run.manifest_command import DATASET_NAMES, DATASET_OPTIONS
 
 VIT_CT = str(Path(sys.executable).with_name("vit-ct"))
 # The dataset tests' fixtures, used as they are (pytest finds a fixture by its name in the test's module)

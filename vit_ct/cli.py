@@ -1,6 +1,6 @@
 """The ``vit-ct`` command (also ``python -m vit_ct``): ``fit``, ``validate``, ``test`` and ``predict`` through a
 LightningCLI (:mod:`vit_ct.run.command`) with W&B tracking and checkpoints, ``manifest``
-(:mod:`vit_ct.predict.manifest_command`: the slices of DICOM folders and NIfTI volumes, or a public dataset by name),
+(:mod:`vit_ct.run.manifest_command`: the slices of DICOM folders and NIfTI volumes, or a public dataset by name),
 ``report`` (:mod:`vit_ct.report.report_command`: figures with intervals from a predict output) and ``pacs``
 (:mod:`vit_ct.pacs.pacs_command`: a study from a DICOMweb server through predict, its DICOM objects stored back).
 
@@ -40,7 +40,7 @@ def main(args: list[str] | None = None, *, run: bool = True):
     """
     argv = sys.argv[1:] if args is None else list(args)
     if argv[:1] == ["manifest"]:
-        from vit_ct.predict.manifest_command import main as manifest_main
+        from vit_ct.run.manifest_command import main as manifest_main
 
         manifest_main(argv[1:])
         return None
