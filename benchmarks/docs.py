@@ -73,14 +73,28 @@ def typed_today(command: str) -> str:
 
 
 def measured(record: dict) -> str:
-    """How a record was measured, in one line: the command, how long it took, the machine, the date, the commit."""
+    """How a record was measured, in one line: the command, how long it took, the machine, the date, the commit, and
+    whether the code it ran has changed since (:func:`earlier_code`)."""
     took = f" ({duration(record['seconds'])})" if record.get("seconds") is not None else ""
     machine = record["machine"]
     load = machine.get("load_average_1min")
     load = f", load average {load:g}" if load is not None else ""
     commit = (record.get("commit") or "unknown")[:7] + (" with uncommitted changes" if record.get("dirty") else "")
     command = typed_today(record["command"])
-    return f"Measured by `{command}`{took} on {describe(machine)}{load}; {record['date'][:10]}, commit {commit}."
+    line = f"Measured by `{command}`{took} on {describe(machine)}{load}; {record['date'][:10]}, commit {commit}."
+    return line + earlier_code(record)
+
+
+def earlier_code(record: dict) -> str:
+    """A sentence for a record whose figures the current code may not give: written before records kept the code they
+    ran, or some of that code changed since. Said without the list, which ``--check`` prints, so that the documents
+    change when a record goes stale, not with every later edit."""
+    changed = changed_code(record)
+    if changed is None:
+        return " **Measured with earlier code**: the record predates keeping the code it ran."
+    if changed:
+        return " **Measured with earlier code**: files it ran have changed since (`python -m benchmarks.docs --check`)."
+    return ""
 
 
 def table_block(records: Records, name: str, table: str | None = None) -> str:

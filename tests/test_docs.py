@@ -270,3 +270,21 @@ def test_the_readme_stays_short_enough_to_follow():
     """At most 300 lines: the overview, the two commands, the own-data path and the maps; the rest lives in docs/."""
     lines = (ROOT / "README.md").read_text().splitlines()
     assert len(lines) <= 300, f"README.md has {len(lines)} lines: move detail into docs/"
+
+
+def test_a_table_from_a_stale_record_says_so_under_it(tmp_path):
+    """The line under a table says "Measured with earlier code" exactly while a file its record ran differs, and for a
+    record that predates keeping its code; nothing for a current one."""
+    code = tmp_path / "probe.py"
+    code.write_text("x = 1\n")
+    record = {"command": "python -m benchmarks.probe", "seconds": 1.0, "date": "2026-12-06T00:00:00",
+              "commit": "abc1234", "dirty": False, "machine": {"cpu": "CPU", "cpus_usable": 2, "native_bf16": False,
+              "torch": "2", "load_average_1min": 0.1}}  # fmt: skip
+    current = {**record, "code": {"probe.py": records_module._digest(code)}}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(records_module, "ROOT", tmp_path)
+        patch.setattr(records_module.changed_code, "__defaults__", (tmp_path,))
+        assert "earlier code" not in docs.measured(current)
+        code.write_text("x = 2\n")
+        assert "**Measured with earlier code**: files it ran have changed" in docs.measured(current)
+    assert "predates keeping the code" in docs.measured(record)
