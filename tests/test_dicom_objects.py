@@ -3,6 +3,7 @@ and read back with pydicom and highdicom: values, grid, referenced slices, study
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 
 import highdicom as hd
@@ -157,6 +158,6 @@ def test_uids_are_stable_for_the_same_sources_and_model_and_differ_for_another_m
 
 
 def test_patient_orientation_follows_the_slice_orientation(series):
-    source = series[0][0].copy()
+    source = copy.deepcopy(series[0][0])  # Dataset.copy() is shallow: it would turn the module's series sagittal
     source.ImageOrientationPatient = [0, 1, 0, 0, 0, -1]  # sagittal: rows run posterior, columns down to the feet
     assert patient_orientation(source) == ("P", "F")
