@@ -1,4 +1,4 @@
-"""Maps finer than the patch grid (``--model.map_shifts``, :mod:`vit_ct.explain.shifted`): for each setting, the map
+"""Maps finer than the patch grid (``--map_shifts``, :mod:`vit_ct.explain.shifted`): for each setting, the map
 scores ``vit-ct test`` reports (the rollout, both ceilings, the floors), P(lesion) AUROC of ``prob`` and ``prob_tta``
 from ``vit-ct predict``, predict's time against map_shifts 1, deletion / insertion on the finest grid's cells and the
 model-randomisation check of each map; optionally the shipped weights as they are on a held-out family. Run as a
@@ -11,6 +11,7 @@ import argparse
 import statistics
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -20,8 +21,9 @@ from torchmetrics.functional.classification import binary_auroc
 from benchmarks.faithfulness import lesion_slices, map_areas, patch_counts
 from benchmarks.recording import RECORDS, command_line, git_state, table, timed_vit_ct, write_record
 from vit_ct.data.loading.datamodule import CTSliceDataModule
+from vit_ct.explain.map_reading import MapReading
 from vit_ct.explain.occlusion import brain_baseline
-from vit_ct.explain.sanity import model_randomisation, rollout_map
+from vit_ct.explain.sanity import model_randomisation
 from vit_ct.task import ViTClassifier
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,7 +35,7 @@ USAGE = """example (after `make demo`; ~6 min on 2 CPU cores):
   .venv/bin/python -m benchmarks.finer_maps                         # runs/latest's checkpoint, the demo's manifest
   .venv/bin/python -m benchmarks.finer_maps --ckpt K.ckpt --manifest M.csv --shifts 1 2 4 --heldout near
 
-Map scores: `vit-ct test --config configs/manifest.yaml --data.manifest M --ckpt_path K --model.map_shifts S`, run
+Map scores: `vit-ct test --config configs/manifest.yaml --data.manifest M --ckpt_path K --map_shifts S`, run
 in this process through vit_ct.cli.main, on the manifest's test split. P(lesion) AUROC and predict's time: `vit-ct
 predict ... --data.init_args.predict_split test`, each run a fresh process as a user starts it (imports, every map,
 overlay and CSV written), the settings alternating. Model time: the recorded passes alone (ViTClassifier.explained)
@@ -52,10 +54,10 @@ def default_checkpoint() -> str:
 
 
 def test_metrics(model_args: list[str], manifest: Path, shifts: int) -> dict[str, float]:
-    """The ``test/...`` figures ``vit-ct test`` logs with ``--model.map_shifts shifts``, keys without ``test/``."""
+    """The ``test/...`` figures ``vit-ct test`` logs with ``--map_shifts shifts``, keys without ``test/``."""
     from vit_ct.cli import main as vit_ct
 
-    args = ["test", *model_args, "--data.manifest", str(manifest), "--model.map_shifts", str(shifts),
+    args = ["test", *model_args, "--data.manifest", str(manifest), "--map_shifts", str(shifts),
             "--trainer.logger", "false", "--trainer.enable_progress_bar", "false"]  # fmt: skip
     metrics = vit_ct(args).trainer.callback_metrics
     return {k.removeprefix("test/"): float(v) for k, v in metrics.items() if k.startswith("test/")}
@@ -64,7 +66,7 @@ def test_metrics(model_args: list[str], manifest: Path, shifts: int) -> dict[str
 def timed_predict(model_args: list[str], manifest: Path, shifts: int, out: Path) -> float:
     """Wall seconds of one ``vit-ct predict`` of the test split in a fresh process (this checkout's code)."""
     return timed_vit_ct("predict", *model_args, "--data.manifest", str(manifest), "--data.init_args.predict_split",
-                        "test", "--output_dir", str(out), "--overwrite", "true", "--model.map_shifts", str(shifts),
+                        "test", "--output_dir", str(out), "--overwrite", "true", "--map_shifts", str(shifts),
                         "--trainer.enable_progress_bar", "false")  # fmt: skip
 
 
@@ -94,12 +96,17 @@ def predictions(
     return found
 
 
+def rollout_read(network, images: torch.Tensor, reading: MapReading) -> torch.Tensor:
+    """:func:`vit_ct.explain.sanity.rollout_map` read as ``reading`` says: ``(B, grid_h, grid_w)``."""
+    return network.explain(images, reading=reading)[1]
+
+
 def cell_maps(model: ViTClassifier, images: torch.Tensor, settings: list[int], batch: int) -> dict[int, torch.Tensor]:
     """Each setting's rollout brought to the finest setting's grid, each cell its own (coarser: its patch's) value."""
     finest, maps = max(settings), {}
     for s in settings:
-        model.map_shifts = s
-        rollout = torch.cat([model.explained(part).rollout for part in images.split(batch)])
+        reading = MapReading(shifts=s)
+        rollout = torch.cat([model.explained(part, reading=reading).rollout for part in images.split(batch)])
         maps[s] = rollout.repeat_interleave(finest // s, -2).repeat_interleave(finest // s, -1)
     return maps
 
@@ -109,10 +116,10 @@ def model_seconds(model: ViTClassifier, images: torch.Tensor, settings: list[int
     seconds = {s: [] for s in settings}
     for _ in range(repeats):
         for s in settings:
-            model.map_shifts = s
+            reading = MapReading(shifts=s)
             start = time.perf_counter()
             for part in images.split(batch):
-                model.explained(part)
+                model.explained(part, reading=reading)
             seconds[s].append(time.perf_counter() - start)
     return seconds
 
@@ -138,8 +145,8 @@ def randomisation(model: ViTClassifier, slices: dict, settings: list[int], *, se
     """The model-randomisation check (:func:`model_randomisation`) of each setting's rollout, inside the head."""
     checks = {}
     for s in settings:
-        model.map_shifts = s  # the cascade's copies keep it: rollout_map reads the finer grid
-        check = model_randomisation(model, slices["image"], rollout_map, region=slices["head"], seed=seed,
+        read = partial(rollout_read, reading=MapReading(shifts=s))  # each copy of the cascade read the same way
+        check = model_randomisation(model, slices["image"], read, region=slices["head"], seed=seed,
                                     batch_size=batch, examples=[0], method=f"rollout, map_shifts {s}")  # fmt: skip
         checks[s] = check.to_dict()
     return checks

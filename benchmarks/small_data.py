@@ -42,7 +42,8 @@ from torch.utils.data import DataLoader
 
 from benchmarks.recording import RECORDS, table, write_record
 from vit_ct.data.loading.datamodule import CTSliceDataModule, CTSliceDataset
-from vit_ct.explain.maps import upsampled_rollout
+from vit_ct.explain.map_reading import MapReading
+from vit_ct.explain.maps import upsample
 from vit_ct.explain.segmentation import perfect_patch_map
 from vit_ct.metrics.localisation import LocalisationMetrics, model_grid_spacing_mm, score_slices
 from vit_ct.metrics.sink import mass_share
@@ -334,13 +335,14 @@ def evaluate(
     """P(lesion) on every test slice and the localisation of the model's map on the lesion slices (a ViT's rollout
     over ``map_shifts`` shifted grids; P(lesion) from the unshifted pass)."""
     model.eval()
-    if isinstance(model, ViTClassifier):
-        model.map_shifts = map_shifts
+    reading = MapReading(shifts=map_shifts)
     probs, maps = [], []
     for part in torch.arange(len(test["image"])).split(32):
         images = test["image"][part]
         if isinstance(model, ViTClassifier):  # one forward pass gives the logits and the rollout
-            logits, rollout = upsampled_rollout(model, images)
+            with torch.no_grad():
+                logits, rollout = model.explain(images, reading=reading)
+            rollout = upsample(rollout, images.shape[-2:])  # (B, S, S)
             maps.append(rollout)
         else:
             with torch.no_grad():

@@ -9,7 +9,7 @@ shifted passes the rollout reads. Measured here, beside the rollout, as maps of 
   stride-2 convolution);
 - ``rollout x stem share``: each 8-pixel cell keeps the rollout's mean, spread over its pixels in proportion to their
   smoothed positive stem relevance (what "modulated by the rollout of the patch" means);
-- ``rollout x stem share^1/2``: the same by the share's square root, a softer spread: ``--model.map_pixels``, the
+- ``rollout x stem share^1/2``: the same by the share's square root, a softer spread: ``--map_pixels``, the
   package's reading (:mod:`vit_ct.explain.pixels`).
 
 Also the cost, alternating: the recorded passes at 2 x 2 with and without ``map_pixels`` (one backward pass each), and
@@ -29,19 +29,21 @@ import argparse
 import statistics
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
 
 from benchmarks import small_data  # the families, their test split and how maps are scored
 from benchmarks.faithfulness import map_areas, patch_counts
-from benchmarks.finer_maps import MANIFEST_CONFIG, default_checkpoint, heldout_manifest, timed_predict
+from benchmarks.finer_maps import MANIFEST_CONFIG, default_checkpoint, heldout_manifest, rollout_read, timed_predict
 from benchmarks.recording import RECORDS, command_line, git_state, table, write_record
 from vit_ct.data.loading.datamodule import CTSliceDataModule
+from vit_ct.explain.map_reading import MapReading
 from vit_ct.explain.maps import upsample
 from vit_ct.explain.occlusion import brain_baseline
 from vit_ct.explain.pixels import POWER, SMOOTH_PX, smooth, spread_over_pixels
-from vit_ct.explain.sanity import model_randomisation, rollout_map
+from vit_ct.explain.sanity import model_randomisation
 from vit_ct.explain.shifted import READ_SHIFTS
 from vit_ct.task import ViTClassifier
 
@@ -59,34 +61,29 @@ def method_maps(model: ViTClassifier, images: torch.Tensor, batch: int) -> dict[
     parts: dict[str, list[torch.Tensor]] = {m: [] for m in METHODS}
     model.eval()
     for image in images.split(batch):
-        model.map_pixels, model.map_shifts = False, 1
         one = model.explained(image).rollout
-        model.map_shifts = READ_SHIFTS
-        cells = model.explained(image).rollout  # (B, S / cell, S / cell)
-        model.map_pixels = True
-        pixels = model.explained(image)  # the package's reading: cells spread by the relevance's square-root share
+        cells = model.explained(image, reading=MapReading(shifts=READ_SHIFTS)).rollout  # (B, S / cell, S / cell)
+        # the package's reading: cells spread by the relevance's square-root share
+        pixels = model.explained(image, reading=MapReading(shifts=READ_SHIFTS, pixels=True))
         alone = smooth(pixels.relevance.clamp_min(0))
         found = (upsample(one, (S, S)), upsample(cells, (S, S)), alone,
                  spread_over_pixels(cells, pixels.relevance, power=1.0), pixels.rollout)  # fmt: skip
         for name, m in zip(METHODS, found, strict=True):
             parts[name].append(m)
-    model.map_pixels, model.map_shifts = False, READ_SHIFTS
     return {name: torch.cat(p) for name, p in parts.items()}
 
 
 def model_seconds(model: ViTClassifier, images: torch.Tensor, batch: int, repeats: int) -> dict[str, list[float]]:
     """Seconds of the recorded passes over ``images`` at 2 x 2, without and with ``map_pixels``, alternating."""
     seconds: dict[str, list[float]] = {"rollout": [], "pixels": []}
-    model.map_shifts = READ_SHIFTS
     for _ in range(repeats):
         for name in seconds:
-            model.map_pixels = name == "pixels"
+            reading = MapReading(shifts=READ_SHIFTS, pixels=name == "pixels")
             start = time.perf_counter()
             with torch.inference_mode():  # as predict runs
                 for part in images.split(batch):
-                    model.explained(part)
+                    model.explained(part, reading=reading)
             seconds[name].append(time.perf_counter() - start)
-    model.map_pixels = False
     return seconds
 
 
@@ -107,10 +104,10 @@ def pixel_faithfulness(model: ViTClassifier, slices: dict, maps: dict, *, steps:
 
 
 def predict_seconds(ckpt: Path, manifest: Path, repeats: int) -> dict[str, list[float]]:
-    """Wall seconds of ``vit-ct predict`` of the test split at 2 x 2, without and with ``--model.map_pixels true``,
+    """Wall seconds of ``vit-ct predict`` of the test split at 2 x 2, without and with ``--map_pixels true``,
     each run a fresh process as a user starts it, alternating, after one untimed run (a cold disk)."""
     model_args = ["--config", str(MANIFEST_CONFIG), "--ckpt_path", str(ckpt)]
-    readings = {"rollout": model_args, "pixels": [*model_args, "--model.map_pixels", "true"]}
+    readings = {"rollout": model_args, "pixels": [*model_args, "--map_pixels", "true"]}
     seconds: dict[str, list[float]] = {name: [] for name in readings}
     with tempfile.TemporaryDirectory(prefix="vit-ct-pixels-") as folder:
         timed_predict(model_args, manifest, READ_SHIFTS, Path(folder) / "warm-up")
@@ -124,13 +121,11 @@ def randomisation(model: ViTClassifier, slices: dict, *, seed: int, batch: int) 
     """The model-randomisation check (:func:`model_randomisation`) of the 2 x 2 rollout and of ``map_pixels``, inside
     the head (the cascade's copies keep the reading)."""
     checks = {}
-    model.map_shifts = READ_SHIFTS
     for name, pixels in (("rollout, 2 x 2", False), (METHODS[-1], True)):
-        model.map_pixels = pixels
-        check = model_randomisation(model, slices["image"], rollout_map, region=slices["head"], seed=seed,
+        read = partial(rollout_read, reading=MapReading(shifts=READ_SHIFTS, pixels=pixels))
+        check = model_randomisation(model, slices["image"], read, region=slices["head"], seed=seed,
                                     batch_size=batch, examples=[0], method=name)  # fmt: skip
         checks[name] = check.to_dict()
-    model.map_pixels = False
     return checks
 
 

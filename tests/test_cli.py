@@ -206,12 +206,16 @@ def test_fit_then_predict_through_the_real_command(synthetic_set, tmp_path):
 
 @pytest.mark.medium
 def test_predict_and_test_read_the_maps_finer_than_fits_validation_unless_told(capsys):
+    from vit_ct.explain.map_reading import MapReading
     from vit_ct.explain.shifted import READ_SHIFTS
+    from vit_ct.run.options import map_reading
 
     assert READ_SHIFTS > 1
     for subcommand, shifts in (("fit", 1), ("validate", 1), ("test", READ_SHIFTS), ("predict", READ_SHIFTS)):
         extra = ["--output_dir", "out"] if subcommand == "predict" else []
         parsed = print_config(subcommand, "--config", MANIFEST, "--data.manifest", "my.csv", *extra, capsys=capsys)
-        assert parsed["model"]["map_shifts"] == shifts, subcommand
-    told = print_config("test", "--config", MANIFEST, "--model.map_shifts", "1", capsys=capsys)
-    assert told["model"]["map_shifts"] == 1
+        assert "map_shifts" not in parsed["model"] and map_reading(subcommand, parsed).shifts == shifts, subcommand
+    told = print_config("test", "--config", MANIFEST, "--map_shifts", "1", "--map_pixels", "true", capsys=capsys)
+    assert map_reading("test", told) == MapReading(shifts=1, pixels=True)
+    with pytest.raises(ValueError, match="map_shifts"):
+        map_reading("test", {"map_shifts": 0})

@@ -62,7 +62,7 @@ def test_the_benchmark_writes_a_record_whose_figures_agree(tiny_checkpoint, synt
 
 @pytest.mark.medium
 def test_the_pixel_benchmark_scores_what_vit_ct_test_reports(tiny_checkpoint, synthetic_set, tmp_path):
-    """benchmarks/stem_relevance.py: its map_pixels row is what `vit-ct test --model.map_pixels true` scores, the
+    """benchmarks/stem_relevance.py: its map_pixels row is what `vit-ct test --map_pixels true` scores, the
     pixel map's randomisation check is recorded, and the cost ratios are the record's own times."""
     from benchmarks import finer_maps, stem_relevance
 
@@ -75,7 +75,7 @@ def test_the_pixel_benchmark_scores_what_vit_ct_test_reports(tiny_checkpoint, sy
     # the benchmark reads the pixel maps in fp32; vit-ct test's precision auto is bf16 on a CPU with native bf16, where
     # the gradient through the stem differs in the third decimal: both read at fp32 here
     fp32 = ["--trainer.precision", "32-true"]
-    direct = finer_maps.test_metrics([*model_args, *fp32, "--model.map_pixels", "true"], synthetic_set, 2)
+    direct = finer_maps.test_metrics([*model_args, *fp32, "--map_pixels", "true"], synthetic_set, 2)
     assert f["demo_pixels_dice"] == pytest.approx(direct["rollout_dice"])
     assert direct["perfect_grid_dice"] == pytest.approx(1.0)  # on the pixels, the perfect map is the mask
     plain = finer_maps.test_metrics(model_args, synthetic_set, 2)

@@ -1,4 +1,4 @@
-"""Maps down to the pixel (vit_ct.explain.pixels, ``--model.map_pixels``): each cell of the rollout spread over its
+"""Maps down to the pixel (vit_ct.explain.pixels, ``--map_pixels``): each cell of the rollout spread over its
 pixels by the gradient x input through the stem, checked by hand and against autograd on the real network."""
 
 import pytest
@@ -6,11 +6,13 @@ import torch
 import torch.nn.functional as F
 from conftest import DEMO_LEVERS
 
+from vit_ct.explain.map_reading import MapReading
 from vit_ct.explain.maps import Explained
 from vit_ct.explain.pixels import input_relevance, lesion_log_odds, smooth, spread_over_pixels
 from vit_ct.explain.shifted import shift_back_mean, shifted_explained
 from vit_ct.task import ViTClassifier
 from vit_ct.task.inference import infer
+from vit_ct.task.reading import ReadMaps
 
 
 def test_each_cell_is_spread_by_its_relevance_by_hand_and_keeps_its_mean():
@@ -89,12 +91,11 @@ def test_the_vit_read_to_the_pixel_is_its_rollout_spread_by_its_own_gradient(shi
     under inference_mode, as predict runs, and without touching the parameters' gradients."""
     torch.manual_seed(0)
     model = ViTClassifier(**DEMO_LEVERS, img_size=32, in_chans=1, embed_dim=32, depth=2, num_heads=2)
-    model.eval().map_shifts = shifts
+    model.eval()
     image = _batch()["image"]
-    cells = model.explained(image).rollout
-    model.map_pixels = True
+    cells = model.explained(image, reading=MapReading(shifts=shifts)).rollout
     with torch.inference_mode():
-        explained = model.explained(image)
+        explained = model.explained(image, reading=MapReading(shifts=shifts, pixels=True))
     assert explained.rollout.shape == (2, 32, 32) and (explained.rollout >= 0).all()
     cell = 16 // shifts
     torch.testing.assert_close(F.avg_pool2d(explained.rollout[:, None], cell)[:, 0], cells, rtol=1e-5, atol=1e-7)
@@ -113,10 +114,9 @@ def test_the_vit_read_to_the_pixel_is_its_rollout_spread_by_its_own_gradient(shi
 
 def test_infer_scores_the_pixel_map_and_its_ceiling_is_the_mask():
     torch.manual_seed(0)
-    model = ViTClassifier(**DEMO_LEVERS, img_size=32, in_chans=1, embed_dim=32, depth=2, num_heads=2, map_shifts=2,
-                          map_pixels=True).eval()  # fmt: skip
+    model = ViTClassifier(**DEMO_LEVERS, img_size=32, in_chans=1, embed_dim=32, depth=2, num_heads=2).eval()
     assert "map_pixels" not in model.hparams  # set per command, as map_shifts
-    inference = infer(model, _batch())
+    inference = infer(model, _batch(), MapReading(shifts=2, pixels=True))
     assert inference.rollout.shape == (2, 32, 32)
     assert (inference.scores["perfect_grid_dice"] == 1).all()  # a perfect map on the pixel grid is the mask
     assert torch.isfinite(inference.scores["rollout_dice"]).all() and inference.prob_tta is not None
@@ -126,8 +126,7 @@ def test_infer_scores_the_pixel_map_and_its_ceiling_is_the_mask():
 def test_a_multiclass_model_is_read_to_the_pixel_by_its_p_lesion():
     torch.manual_seed(0)
     model = ViTClassifier(**DEMO_LEVERS, img_size=32, in_chans=2, embed_dim=32, depth=1, num_heads=2, num_classes=3)
-    model.eval().map_pixels = True
-    explained = model.explained(_batch(channels=2)["image"])
+    explained = model.eval().explained(_batch(channels=2)["image"], reading=MapReading(pixels=True))
     assert explained.rollout.shape == (2, 32, 32) and explained.relevance.abs().sum() > 0
 
 
@@ -144,16 +143,16 @@ def test_predict_writes_the_pixel_map_and_the_review_reads_the_same(synthetic_se
     from vit_ct.predict.writer import PredictionWriter
 
     torch.manual_seed(0)
-    model = ViTClassifier(**DEMO_LEVERS, img_size=32, in_chans=2, embed_dim=32, depth=2, num_heads=2, map_shifts=2,
-                          map_pixels=True).eval()  # fmt: skip
+    model = ViTClassifier(**DEMO_LEVERS, img_size=32, in_chans=2, embed_dim=32, depth=2, num_heads=2).eval()
     windows = {"data": {"init_args": {"windows": ["brain", "subdural"]}}}
     data = review.review_datamodule(model, synthetic_set, split="test", batch_size=3, config=windows)
-    quiet_trainer(callbacks=[PredictionWriter(tmp_path / "out")]).predict(model, datamodule=data)
+    reading = MapReading(shifts=2, pixels=True)
+    quiet_trainer(callbacks=[PredictionWriter(tmp_path / "out"), ReadMaps(reading)]).predict(model, datamodule=data)
     written = pd.read_csv(tmp_path / "out" / PREDICTIONS.file, float_precision="round_trip")
     scored = written["perfect_grid_dice"].notna()
     assert scored.any() and (written.loc[scored, "perfect_grid_dice"] > 0.99).all()
     assert np.load(tmp_path / "out" / written[PREDICTIONS.rollout].iloc[0]).shape == (64, 64)  # the source grid
-    table = review.run_review(model, data, progress=False)
+    table = review.run_review(model, data, progress=False, reading=reading)
     assert table[REVIEW.rollout].iloc[0].shape == (32, 32)  # the model grid's pixels
     kept = [s for s in SCORES if s != "hd95_px"]
     shared = [PREDICTIONS.score(s, name) for s in SURFACE_DISTANCE_SOURCES for name in kept]
@@ -163,10 +162,11 @@ def test_predict_writes_the_pixel_map_and_the_review_reads_the_same(synthetic_se
 def test_the_test_step_scores_the_pixel_map_under_inference_mode():
     """``vit-ct test``'s step (Lightning runs it under inference_mode): the losses' pass has no gradient, so the map
     is read again with it; the pixel ceiling is the mask itself."""
+    from conftest import quiet_trainer
+
     torch.manual_seed(0)
-    model = ViTClassifier(**DEMO_LEVERS, img_size=32, in_chans=1, embed_dim=32, depth=2, num_heads=2, map_shifts=2,
-                          map_pixels=True).eval()  # fmt: skip
-    with torch.inference_mode(), pytest.warns(UserWarning, match="self.log"):  # no trainer attached: no logging
-        model.test_step(_batch(), 0)
-    values = model.map_metrics["test"].compute_and_reset()
-    assert values["perfect_grid_dice"] == pytest.approx(1.0) and 0 <= values["rollout_dice"] <= 1
+    model = ViTClassifier(**DEMO_LEVERS, img_size=32, in_chans=1, embed_dim=32, depth=2, num_heads=2)
+    trainer = quiet_trainer(callbacks=[ReadMaps(MapReading(shifts=2, pixels=True))])
+    trainer.test(model, dataloaders=torch.utils.data.DataLoader([_batch()], batch_size=None), verbose=False)
+    values = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    assert values["test/perfect_grid_dice"] == pytest.approx(1.0) and 0 <= values["test/rollout_dice"] <= 1

@@ -7,11 +7,13 @@ import torch
 import torch.nn.functional as F
 from conftest import DEMO_LEVERS
 
+from vit_ct.explain.map_reading import MapReading
 from vit_ct.explain.maps import Explained, rollout_with_output, upsample
 from vit_ct.explain.shifted import air_level, combine_shifted, grid_offsets, shift_image, shifted_explained
 from vit_ct.metrics.schema import PREDICTIONS, REVIEW
 from vit_ct.task import ViTClassifier
 from vit_ct.task.inference import infer
+from vit_ct.task.reading import ReadMaps
 
 PATCH = 16
 
@@ -119,11 +121,11 @@ def test_the_vit_read_over_shifted_grids_end_to_end():
     combined; P(lesion) stays the unshifted pass's, prob_tta is the mean over the four; the ceiling of the finer grid
     is scored beside the patch grid's."""
     torch.manual_seed(0)
-    model = ViTClassifier(**DEMO_LEVERS, img_size=64, in_chans=1, embed_dim=32, depth=2, num_heads=2, map_shifts=2)
+    model = ViTClassifier(**DEMO_LEVERS, img_size=64, in_chans=1, embed_dim=32, depth=2, num_heads=2)
     model.eval()
-    assert model.vit.mask_air and "map_shifts" not in model.hparams  # chosen per command, not stored
+    assert model.vit.mask_air and not hasattr(model, "map_shifts")  # chosen per command, handed to each step
     batch = _ct_batch()
-    inference = infer(model, batch)
+    inference = infer(model, batch, MapReading(shifts=2))
     assert inference.rollout.shape == (3, 8, 8)
     passes = [rollout_with_output(model, shift_image(batch["image"], dy, dx, torch.zeros(1))) for dy, dx in
               grid_offsets(PATCH, 2)]  # fmt: skip
@@ -140,31 +142,37 @@ def test_the_vit_read_over_shifted_grids_end_to_end():
     # the finer grid's ceiling is at least as sharp as the patch grid's on a lesion smaller than a patch
     assert inference.scores["perfect_grid_dice"][0] > inference.scores["perfect_patch_dice"][0]
     assert inference.sink["cls_air"].shape == (3, 2) and 0 <= float(inference.sink["rollout_air"][0]) <= 1
-    model.map_shifts = 1
-    single = infer(model, batch)
+    single = infer(model, batch)  # one pass unless told
     assert single.prob_tta is None and "perfect_grid_dice" not in single.scores and single.rollout.shape == (3, 4, 4)
     assert list(single.probabilities(0, model.class_names)) == [PREDICTIONS.prob]
     torch.testing.assert_close(single.prob, inference.prob)
 
 
 def test_test_metrics_score_the_finer_map_and_both_ceilings():
+    """The trainer's reading (its ReadMaps callback, as the command adds it) reaches the test step; a trainer without
+    one reads one pass, with no grid ceiling."""
+    from conftest import quiet_trainer
+
     torch.manual_seed(0)
-    model = ViTClassifier(**DEMO_LEVERS, img_size=64, in_chans=1, embed_dim=32, depth=2, num_heads=2, map_shifts=2)
-    model.eval()
-    with torch.no_grad(), pytest.warns(UserWarning, match="self.log"):  # no trainer attached: logging is skipped
-        model.test_step(_ct_batch(), 0)
-    values = model.map_metrics["test"].compute_and_reset()
-    assert {"rollout_dice", "perfect_patch_dice", "perfect_grid_dice"} <= set(values)
-    assert values["perfect_grid_dice"] > values["perfect_patch_dice"]
-    model.map_shifts = 1
-    with torch.no_grad(), pytest.warns(UserWarning, match="self.log"):
-        model.test_step(_ct_batch(), 0)
-    assert "perfect_grid_dice" not in model.map_metrics["test"].compute_and_reset()
+    model = ViTClassifier(**DEMO_LEVERS, img_size=64, in_chans=1, embed_dim=32, depth=2, num_heads=2)
+    loader = torch.utils.data.DataLoader([_ct_batch()], batch_size=None)
+    quiet_trainer(callbacks=[ReadMaps(MapReading(shifts=2))]).test(model, dataloaders=loader, verbose=False)
+    logged = {k: float(v) for k, v in model.trainer.callback_metrics.items()}
+    assert {"test/rollout_dice", "test/perfect_patch_dice", "test/perfect_grid_dice"} <= set(logged)
+    assert logged["test/perfect_grid_dice"] > logged["test/perfect_patch_dice"]
+    quiet_trainer().test(model, dataloaders=loader, verbose=False)
+    assert "test/perfect_grid_dice" not in model.trainer.callback_metrics
 
 
 def test_map_shifts_must_divide_the_patch():
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(ValueError, match="map_shifts"):
+            MapReading(shifts=bad)
+    with pytest.raises(ValueError, match="dividing patch_size"):
+        MapReading(shifts=3).check(16)
+    model = ViTClassifier(**DEMO_LEVERS, img_size=32, in_chans=1, embed_dim=32, depth=1, num_heads=2).eval()
     with pytest.raises(ValueError, match="map_shifts"):
-        ViTClassifier(**DEMO_LEVERS, img_size=32, in_chans=1, embed_dim=32, depth=1, num_heads=2, map_shifts=3)
+        model.explained(torch.zeros(1, 1, 32, 32), reading=MapReading(shifts=3))
 
 
 def test_predict_writes_prob_tta_and_the_finer_ceiling_and_the_review_reads_the_same(synthetic_set, tmp_path):
@@ -178,11 +186,12 @@ def test_predict_writes_prob_tta_and_the_finer_ceiling_and_the_review_reads_the_
     from vit_ct.predict.writer import PredictionWriter
 
     torch.manual_seed(0)
-    model = ViTClassifier(**DEMO_LEVERS, img_size=32, in_chans=2, embed_dim=32, depth=2, num_heads=2, map_shifts=2)
+    model = ViTClassifier(**DEMO_LEVERS, img_size=32, in_chans=2, embed_dim=32, depth=2, num_heads=2)
     model.eval()
     windows = {"data": {"init_args": {"windows": ["brain", "subdural"]}}}
     data = review.review_datamodule(model, synthetic_set, split="test", batch_size=3, config=windows)
-    quiet_trainer(callbacks=[PredictionWriter(tmp_path / "out")]).predict(model, datamodule=data)
+    reading = ReadMaps(MapReading(shifts=2))
+    quiet_trainer(callbacks=[PredictionWriter(tmp_path / "out"), reading]).predict(model, datamodule=data)
     written = pd.read_csv(tmp_path / "out" / PREDICTIONS.file, float_precision="round_trip")
     kept = [s for s in SCORES if s != "hd95_px"]  # every synthetic slice has a pixel spacing
     assert list(written.columns) == PREDICTIONS.header(
@@ -192,7 +201,7 @@ def test_predict_writes_prob_tta_and_the_finer_ceiling_and_the_review_reads_the_
     assert written[PREDICTIONS.prob_tta].between(0, 1).all() and written["perfect_grid_dice"].notna().any()
     maps = np.load(tmp_path / "out" / written[PREDICTIONS.rollout].iloc[0])
     assert maps.shape == (64, 64)  # the source slice's grid, as ever
-    table = review.run_review(model, data, progress=False)
+    table = review.run_review(model, data, progress=False, reading=MapReading(shifts=2))
     shared = [PREDICTIONS.score(s, name) for s in SURFACE_DISTANCE_SOURCES for name in kept]
     assert np.array_equal(written[shared].to_numpy(), table[shared].to_numpy(), equal_nan=True)
     assert table[REVIEW.rollout].iloc[0].shape == (4, 4)  # 32 px, 8-px cells
@@ -201,14 +210,15 @@ def test_predict_writes_prob_tta_and_the_finer_ceiling_and_the_review_reads_the_
     assert summary.loc["perfect_grid", "dice"] >= summary.loc["perfect_patch", "dice"]
 
 
-def test_a_checkpoint_does_not_carry_map_shifts_the_review_sets_it(tmp_path):
+def test_a_checkpoint_does_not_carry_how_its_maps_are_read(tmp_path):
     torch.manual_seed(0)
     built = dict(DEMO_LEVERS, img_size=32, in_chans=1, embed_dim=32, depth=1, num_heads=2)
-    model = ViTClassifier(**built, map_shifts=2)
+    model = ViTClassifier(**built)
+    assert not {"map_shifts", "map_pixels"} & set(model.hparams)
     path = tmp_path / "k.ckpt"
     contract = {"img_size": 32, "patch_size": 16, "in_chans": 1, "windows": [[40.0, 80.0]],
                 "read_options": {"modalities": ["CT"], "stored_values_are_hu": False}}  # fmt: skip
     checkpoint = {"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams), "vit_ct_input": contract}
     torch.save({**checkpoint, "pytorch-lightning_version": "2.6.0", "hparams_name": "kwargs"}, path)
-    assert ViTClassifier.load_from_checkpoint(path).map_shifts == 1  # one pass unless the command asks
-    assert ViTClassifier.load_from_checkpoint(path, map_shifts=4).map_shifts == 4
+    loaded = ViTClassifier.load_from_checkpoint(path)
+    assert not hasattr(loaded, "map_shifts") and not {"map_shifts", "map_pixels"} & set(loaded.hparams)

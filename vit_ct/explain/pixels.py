@@ -1,5 +1,5 @@
 """Maps down to the pixel, read through the stem: each cell of the rollout spread over its pixels by the model's own
-gradient x input (``--model.map_pixels``).
+gradient x input (``--map_pixels``).
 
 The rollout (over shifted grids, :mod:`vit_ct.explain.shifted`) gives each cell of ``patch_size / map_shifts`` pixels
 one value. Below the cell, what the model reads of each pixel is its gradient x input: the gradient of the lesion

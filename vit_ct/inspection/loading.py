@@ -14,7 +14,7 @@ import yaml
 from vit_ct.data.loading.datamodule import CTSliceDataModule
 from vit_ct.data.manifests.splits import SPLIT_FRACTIONS
 from vit_ct.data.transforms.windows import parse_windows
-from vit_ct.explain.shifted import READ_SHIFTS
+from vit_ct.explain.map_reading import DEFAULT_READING, MapReading
 from vit_ct.run.runs import LATEST_SUMMARY
 from vit_ct.task import ViTClassifier
 
@@ -113,6 +113,16 @@ def review_datamodule(
     )
 
 
+REVIEW_READING = DEFAULT_READING["review"]  # as vit-ct predict reads the maps
+
+
+def review_reading(map_shifts: int | None = None, map_pixels: bool = False) -> MapReading:
+    """How the review reads the maps: over ``map_shifts`` shifted grids per axis (``--map_shifts`` of predict and test;
+    None: their default, 1: one pass) and, with ``map_pixels`` (``--map_pixels``), down to the pixel."""
+    default = REVIEW_READING
+    return MapReading(shifts=default.shifts if map_shifts is None else map_shifts, pixels=bool(map_pixels))
+
+
 def load_review(
     ckpt_path: str | None,
     manifest: str | os.PathLike,
@@ -120,17 +130,12 @@ def load_review(
     split: str | None = "test",
     batch_size: int = 16,
     input_windows=None,
-    map_shifts: int | None = None,
-    map_pixels: bool = False,
 ) -> tuple[ViTClassifier, CTSliceDataModule]:
-    """The model of ``ckpt_path`` (None: the latest run's best) in eval mode, reading its rollout over ``map_shifts``
-    shifted grids per axis (``--model.map_shifts`` of predict and test; None: their default, 1: one pass) and, with
-    ``map_pixels`` (``--model.map_pixels``), down to the pixel; and its :func:`review_datamodule`."""
+    """The model of ``ckpt_path`` (None: the latest run's best) in eval mode, and its :func:`review_datamodule`; how
+    its maps are read is the review's :func:`review_reading`, handed to each step that reads them."""
     path = resolve_checkpoint(ckpt_path)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    shifts = READ_SHIFTS if map_shifts is None else map_shifts
-    model = ViTClassifier.load_from_checkpoint(path, map_location=device, map_shifts=shifts,
-                                              map_pixels=map_pixels).eval()  # fmt: skip
+    model = ViTClassifier.load_from_checkpoint(path, map_location=device).eval()
     config = run_config(path)
     datamodule = review_datamodule(
         model, manifest, split=split, batch_size=batch_size, config=config, input_windows=input_windows

@@ -27,7 +27,7 @@ from vit_ct.explain.spacing import HEAD_FIELD_OF_VIEW_MM as HEAD_FIELD_OF_VIEW_M
 from vit_ct.explain.spacing import model_grid_spacing_mm as model_grid_spacing_mm
 from vit_ct.explain.spacing import pixel_units_note, slice_spacing
 
-# perfect_grid: the ceiling on the rollout's own grid, where it is finer than the patches (--model.map_shifts > 1)
+# perfect_grid: the ceiling on the rollout's own grid, where it is finer than the patches (--map_shifts > 1)
 MAP_SOURCES = ("rollout", "floor_image", "floor_head", "perfect_patch", "perfect_grid")
 SURFACE_DISTANCE_SOURCES = ("rollout", "perfect_patch", "perfect_grid")  # HD95 is the costliest score: map, ceilings
 # per slice and map source; hd95_px: HD95 of a slice without a pixel spacing, in pixels of its source slice

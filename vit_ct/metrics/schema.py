@@ -23,7 +23,7 @@ class PredictionColumns:
     prob: str = "prob"
     """Binary: P(lesion). Multi-class and multi-label runs write ``prob_<class>`` instead (:meth:`probs`)."""
     prob_tta: str = "prob_tta"
-    """Where the map is read over shifted grids (``--model.map_shifts`` > 1): ``prob`` as the mean over those passes
+    """Where the map is read over shifted grids (``--map_shifts`` > 1): ``prob`` as the mean over those passes
     (test-time augmentation), beside the single pass's; ``prob_tta_<class>`` for multi-class and multi-label runs."""
     prob_calibrated: str = "prob_calibrated"
     """With ``vit-ct predict --calibration FILE`` (binary runs): ``prob`` after the temperature scaling that

@@ -54,9 +54,6 @@ def check_hparams(hparams: dict[str, Any]) -> None:
         raise ValueError(f"num_classes must be >= 2 (or >= 1 with multilabel), got {num_classes}")
     if img_size % patch_size:
         raise ValueError(f"img_size ({img_size}) must be a multiple of patch_size ({patch_size})")
-    shifts = hparams.get("map_shifts", 1)
-    if isinstance(shifts, bool) or not isinstance(shifts, int) or shifts < 1 or patch_size % shifts:
-        raise ValueError(f"map_shifts must be a whole number >= 1 dividing patch_size ({patch_size}), got {shifts!r}")
     if class_names is not None and len(class_names) != num_classes:
         raise ValueError(
             f"class_names has {len(class_names)} names (multi-label: from data.label_columns) for"

@@ -20,6 +20,7 @@ from lightning.pytorch.callbacks import Callback
 from vit_ct.data.io.reader import load_ct_slice
 from vit_ct.data.transforms.model_input import HEAD_HU
 from vit_ct.data.transforms.windows import DISPLAY_WINDOW
+from vit_ct.explain.map_reading import MapReading
 from vit_ct.explain.overlay import add_caption, render_overlay
 from vit_ct.explain.segmentation import half_max_region
 from vit_ct.files import atomic_write, inside, safe_name
@@ -33,6 +34,7 @@ from vit_ct.predict.dicom_objects import (
     segmentation,
 )
 from vit_ct.predict.scan_writer import group_scan
+from vit_ct.task.reading import reading_of
 
 DICOM_FOLDER = "dicom"
 OBJECTS_CSV = "objects.csv"  # in OUT/dicom/: scan, kind, file, series and SOP instance UIDs; reason where not written
@@ -40,12 +42,12 @@ KINDS = ("pm", "seg", "sc")  # Parametric Map, SEG, Secondary Captures
 PERSON_NAME_ADVICE = r'The string ".*" is unlikely to represent the intended person name'  # highdicom's warning
 
 
-def model_provenance(pl_module) -> Provenance:
+def model_provenance(pl_module, reading: MapReading) -> Provenance:
     """The model as the objects name it: its timm architecture, and as identity the SHA-256 of its weights and of
-    how its maps are computed (the same weights and settings give the same UIDs on every machine)."""
+    how its maps are computed (``reading``: the same weights and settings give the same UIDs on every machine)."""
     h = pl_module.hparams
     method = f"attention rollout (head fusion {h.rollout_head_fusion}, discard ratio {h.rollout_discard_ratio})"
-    if getattr(pl_module, "map_pixels", False):
+    if reading.pixels:
         method += ", spread over pixels by gradient x input"
     digest = hashlib.sha256(method.encode())
     for name, tensor in sorted(pl_module.state_dict().items()):
@@ -193,5 +195,6 @@ class DicomObjectsWriter(Callback):
 
     def on_predict_epoch_end(self, trainer, pl_module) -> None:
         if trainer.is_global_zero:
-            write_dicom_objects(self.writer.output_dir, model_provenance(pl_module), window=self.writer.window,
+            provenance = model_provenance(pl_module, reading_of(trainer))
+            write_dicom_objects(self.writer.output_dir, provenance, window=self.writer.window,
                                 shown_as=self.writer.destination)  # fmt: skip

@@ -37,7 +37,7 @@ def load_checkpoint(ckpt_path: str | os.PathLike) -> tuple[ViTClassifier, Path]:
         raise ValueError(f"--ckpt_path: {err}") from None
     device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
-        model = ViTClassifier.load_from_checkpoint(path, map_location=device, map_shifts=1).eval()
+        model = ViTClassifier.load_from_checkpoint(path, map_location=device).eval()  # one pass
     except ValueError as err:  # vit-ct's checkpoint reader names the file and what it found
         raise ValueError(f"--ckpt_path: {err}") from None
     except (pickle.UnpicklingError, RuntimeError, KeyError, EOFError, TypeError, AttributeError) as err:
@@ -71,7 +71,7 @@ def checked_map_note(columns: Iterable[str]) -> str:
     columns = list(columns)
     note = "checked: the attention rollout in one pass on the patch grid, as vit-ct predict writes it by default"
     if PREDICTIONS.prob_tta in columns or any(c.startswith("perfect_grid_") for c in columns):
-        note += ("; the predictions' maps were read over shifted grids (--model.map_shifts > 1): the mean of the same"
+        note += ("; the predictions' maps were read over shifted grids (--map_shifts > 1): the mean of the same"
                  " model's rollouts of shifted inputs, not checked here")  # fmt: skip
     return note
 

@@ -12,6 +12,7 @@ from vit_ct.inspection.loading import (
     project_root,
     resolve_checkpoint,
     review_datamodule,
+    review_reading,
     run_config,
 )
 from vit_ct.review.cases import METHODS, CaseMaps, case_maps, export_flagged, review_csv
@@ -52,6 +53,7 @@ __all__ = [
     "export_flagged",
     "gallery",
     "load_review",
+    "review_reading",
     "localisation_summary",
     "missing_report",
     "open_predict_run",

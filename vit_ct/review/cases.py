@@ -15,9 +15,11 @@ import torch
 from vit_ct.data.loading.datamodule import CTSliceDataModule
 from vit_ct.data.transforms.grid import to_source_grid
 from vit_ct.explain.attention import num_prefix_tokens, patch_grid, record_attention
+from vit_ct.explain.map_reading import MapReading
 from vit_ct.explain.maps import explain_gradient_rollout
 from vit_ct.explain.occlusion import brain_baseline, occlusion_sensitivity
 from vit_ct.explain.rollout import last_block_attention, per_block_maps, per_head_maps
+from vit_ct.inspection.loading import REVIEW_READING
 from vit_ct.metrics.lesion_probability import lesion_scores
 from vit_ct.metrics.schema import PREDICTIONS, REVIEW
 from vit_ct.metrics.sink import air_patches, class_token_shares
@@ -41,13 +43,15 @@ class CaseMaps:
     sink: pd.DataFrame  # per block: the class token's attention on prefix tokens and on air patches (heads fused)
 
 
-def case_maps(model: ViTClassifier, datamodule: CTSliceDataModule, row: pd.Series) -> CaseMaps:
+def case_maps(
+    model: ViTClassifier, datamodule: CTSliceDataModule, row: pd.Series, *, reading: MapReading = REVIEW_READING
+) -> CaseMaps:
     """Rollout, gradient rollout (class 1: lesion, for binary), last-block attention and occlusion sensitivity (the
     fall of P(lesion) with each patch at normal brain: one forward pass per patch), plus per-head and per-block
     class-token attention, of the slice of a :func:`run_review` row."""
     item = datamodule.predict_dataloader().dataset.load(int(row.name))
     image = item["image"][None].to(model.device)  # (1, C, S, S)
-    explained = model.explained(image)
+    explained = model.explained(image, reading=reading)
     rollout = explained.rollout
     with torch.no_grad(), record_attention(model) as attentions:  # every head
         model(image)

@@ -13,8 +13,10 @@ from matplotlib.figure import Figure
 
 from vit_ct.data.loading.datamodule import CTSliceDataModule
 from vit_ct.data.transforms.windows import DISPLAY_PRESET, WINDOW_PRESETS, parse_windows
+from vit_ct.explain.map_reading import MapReading
 from vit_ct.explain.overlay import render_overlay
 from vit_ct.files import atomic_write
+from vit_ct.inspection.loading import REVIEW_READING
 from vit_ct.metrics.schema import PREDICTIONS, REVIEW
 from vit_ct.progress import HEADLESS_ENV, headless_flag, in_jupyter_kernel  # noqa: F401  (review.figures.HEADLESS_ENV, as before)
 from vit_ct.review.cases import METHODS, CaseMaps, case_maps
@@ -232,6 +234,7 @@ def browse(
     threshold: float = 0.5,
     window: str = DISPLAY_PRESET,
     alpha: float = 0.5,
+    reading: MapReading = REVIEW_READING,
 ):
     """Browse the cases (slider, in :func:`review_order`), window preset, map method and opacity with ipywidgets;
     headless (``interactive`` False, or None and :func:`is_headless`) the static figure of the first case instead.
@@ -245,7 +248,7 @@ def browse(
     def figure(case: int, window: str, method: str, alpha: float) -> Figure:
         row = order.iloc[case]
         if row.name not in cache:
-            cache[row.name] = case_maps(model, datamodule, row)
+            cache[row.name] = case_maps(model, datamodule, row, reading=reading)
         maps = cache[row.name]
         title = f"{GROUPS.get(row['group'], row['group'])} {row['image']}\n{_caption(row)}"
         return plot_overlays(maps.hu, {method: maps.maps[method]}, maps.mask, window=window, alpha=alpha, title=title)

@@ -12,6 +12,8 @@ from vit_ct.data.loading.datamodule import CTSliceDataModule
 from vit_ct.data.manifests.labels import lesion_label
 from vit_ct.data.manifests.manifest import frame_number, manifest_frame
 from vit_ct.data.transforms.grid import to_source_grid
+from vit_ct.explain.map_reading import MapReading
+from vit_ct.inspection.loading import REVIEW_READING
 from vit_ct.metrics.lesion_probability import lesion_scores, scan_column
 from vit_ct.metrics.localisation import MAP_SOURCES, SCORES
 from vit_ct.metrics.schema import PREDICTIONS, REVIEW
@@ -21,7 +23,12 @@ from vit_ct.task.inference import infer
 
 
 def run_review(
-    model: ViTClassifier, datamodule: CTSliceDataModule, *, threshold: float = 0.5, progress: bool = True
+    model: ViTClassifier,
+    datamodule: CTSliceDataModule,
+    *,
+    threshold: float = 0.5,
+    progress: bool = True,
+    reading: MapReading = REVIEW_READING,
 ) -> pd.DataFrame:
     """Runs the model over the datamodule's ``predict_split`` (:func:`vit_ct.task.inference.infer`, the pass of
     ``vit-ct predict``, scoring the floors too) and tabulates every slice.
@@ -46,7 +53,7 @@ def run_review(
     records = []
     for batch in track(loader, description="reviewing slices", disable=not progress, transient=True):
         batch = {k: v.to(model.device) if torch.is_tensor(v) else v for k, v in batch.items()}
-        inference = infer(model, batch, sources=MAP_SOURCES)
+        inference = infer(model, batch, reading, sources=MAP_SOURCES)
         prob = lesion_scores(inference.prob, model.task, model.class_names).cpu().numpy()
         lesions = lesion_label(batch["label"]).tolist()
         for i, index in enumerate(inference.index.tolist()):

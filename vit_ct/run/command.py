@@ -12,6 +12,7 @@ import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -26,7 +27,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from vit_ct.data.loading.datamodule import CTSliceDataModule
-from vit_ct.explain.shifted import READ_SHIFTS
+from vit_ct.explain.map_reading import DEFAULT_READING, MapReading
 from vit_ct.model.weights_input import is_checkpoint_file
 from vit_ct.run.checkpoint import AtomicCheckpointIO, BestAndLastCheckpoint, read_checkpoint, read_wandb_run_id
 from vit_ct.run.checkpoint_input import follow_checkpoint
@@ -35,7 +36,7 @@ from vit_ct.run.console import DEBUG
 from vit_ct.run.hardware import accelerator_name, describe_machine, resolve_precision
 from vit_ct.run.help import DESCRIPTION, SUBCOMMANDS
 from vit_ct.run.model_summary import ModelSummaryTable
-from vit_ct.run.options import OWN_OPTIONS, add_own_options
+from vit_ct.run.options import OWN_OPTIONS, add_own_options, map_reading
 from vit_ct.run.runs import BadFilesReport, run_dir, write_summary
 from vit_ct.run.summary import checkpoint_label, kept_checkpoint, metric_lines
 from vit_ct.run.threads import share_cores_with_children, use_threads
@@ -46,6 +47,7 @@ from vit_ct.run.wandb_runs import (
     place_wandb_runs,
     wandb_dir,
 )
+from vit_ct.task.reading import ReadMaps
 
 # predict's writers, given by the command that builds the CLI: (output_dir, overwrite, inputs, dicom_out) -> callbacks
 PredictionWriters = Callable[[str, bool, list, bool], list[Callback]]
@@ -190,7 +192,14 @@ class VitCTCLI(LightningCLI):
         for logger in trainer.loggers:
             if isinstance(logger, WandbLogger):
                 drop_unset_anonymous(logger)
+        trainer.callbacks.append(ReadMaps(self._map_reading()))  # how this command's steps read the maps
         return trainer
+
+    def _map_reading(self) -> MapReading:
+        """How this subcommand reads the maps (:func:`map_reading`), checked against the model's patches before
+        anything runs (a CLI built without a subcommand reads as fit does)."""
+        config = self.config_init[self.subcommand] if self.subcommand else self.config_init
+        return map_reading(self.subcommand or "fit", config).check(self.model.hparams.patch_size)
 
     def _check_data(self, stage: str) -> None:
         """Read and check the manifest (rows, files, labels vs ``num_classes``) before the trainer starts, so bad
@@ -266,12 +275,13 @@ class VitCTCLI(LightningCLI):
         if self.test_after_fit:
             checkpoint = self.trainer.checkpoint_callback
             last = getattr(checkpoint, "last_model_path", "")
-            validated = self.model.map_shifts  # the test reads the maps as finely as `vit-ct test` does, at least
-            self.model.map_shifts = max(validated, READ_SHIFTS)
+            read = next(c for c in self.trainer.callbacks if isinstance(c, ReadMaps))
+            validated = read.reading  # the test reads the maps as finely as `vit-ct test` does, at least
+            read.reading = replace(validated, shifts=max(validated.shifts, DEFAULT_READING["test"].shifts))
             self.trainer.test(
                 self.model, datamodule=self.datamodule, ckpt_path=_checkpoint_to_test(checkpoint), verbose=False
             )
-            self.model.map_shifts = validated
+            read.reading = validated
             if checkpoint is not None:  # loading "best" put back the callback's state as of that epoch
                 checkpoint.last_model_path = last
         self._summarise()

@@ -30,7 +30,7 @@ from vit_ct.task.checkpointed import SeesAsCheckpointed
 from vit_ct.task.inference import Inference, infer
 from vit_ct.task.losses import Losses, PatchLosses, classification_loss
 from vit_ct.task.optim import param_groups, warmup_cosine_schedule
-from vit_ct.task.reading import MapReader
+from vit_ct.task.reading import MapReader, reading_of
 from vit_ct.task.scan_bags import ScanBags
 
 STAGES = ("val", "test")
@@ -103,12 +103,6 @@ class ViTClassifier(StartAnchor, MapReader, SeesAsCheckpointed):
         scheduler: Replaces the default per-step warm-up + cosine schedule.
         rollout_head_fusion: How attention rollout fuses the heads of a block (``mean``, ``max``, ``min``).
         rollout_discard_ratio: Share of the lowest attention weights rollout discards per block.
-        map_shifts: Read the rollout on a grid this many times finer than the patches, from ``map_shifts**2`` passes
-            over the slice shifted by multiples of ``patch_size / map_shifts`` pixels (:mod:`vit_ct.explain.shifted`;
-            their mean probability: ``prob_tta``); 1: one pass. Chosen per command, not stored in checkpoints:
-            ``vit-ct test`` and ``predict`` default to 2 (``READ_SHIFTS``), a fit's validation to 1.
-        map_pixels: Spread each cell of the rollout over its pixels by the gradient x input through the stem
-            (:mod:`vit_ct.explain.pixels`; one backward pass per pass); set per command, not stored in checkpoints.
         localisation_tolerance_mm: Pointing-game tolerance of the validation and test localisation metrics, in mm
             on each slice's own pixel spacing (from the file, else the manifest's ``pixel_spacing_mm``); in pixels of
             the source slice for a slice without one, said in one warning.
@@ -164,8 +158,6 @@ class ViTClassifier(StartAnchor, MapReader, SeesAsCheckpointed):
         # the maps
         rollout_head_fusion: Literal["mean", "max", "min"] = "mean",
         rollout_discard_ratio: float = 0.0,
-        map_shifts: int = 1,
-        map_pixels: bool = False,
         localisation_tolerance_mm: float = 5.0,
         # the start weights
         weights: str | None = None,
@@ -186,7 +178,7 @@ class ViTClassifier(StartAnchor, MapReader, SeesAsCheckpointed):
         arguments.update(img_size=contract.img_size, in_chans=contract.in_chans)
         check_hparams({**arguments, "num_classes": num_classes})
         # `weights` is a start point, not part of the model: a checkpoint must load without that file.
-        ignore = ("optimizer", "scheduler", "weights", "pretrained", "map_shifts", "map_pixels")  # maps: per command
+        ignore = ("optimizer", "scheduler", "weights", "pretrained")
         self.save_hyperparameters(ignore=list(ignore))
         # The CLI hands save_hyperparameters its own config, which lacks the link targets it did not set: the
         # hyper-parameters are made every argument the model is built with, so that nothing reads a fallback.
@@ -204,7 +196,6 @@ class ViTClassifier(StartAnchor, MapReader, SeesAsCheckpointed):
         # on_load_checkpoint).
         self.input_contract = contract
         self.optimizer_factory = optimizer
-        self.map_shifts, self.map_pixels = map_shifts, map_pixels
         self.scheduler_factory = scheduler
         self.configure_models()
         self.configure_losses()
@@ -361,8 +352,9 @@ class ViTClassifier(StartAnchor, MapReader, SeesAsCheckpointed):
         label = batch["label"]
         if not len(label):  # a batch of DDP padding only (possible when a split has fewer slices than ranks)
             return None
-        image = batch["image"]  # one pass for the losses, the metrics and the map (map_shifts > 1: over shifted grids)
-        explained = self.explained(image, first=self._explained(lambda: self.losses(batch), image.shape))
+        image = batch["image"]  # one pass for the losses, the metrics and the map (and the command's shifted grids)
+        first = self._explained(lambda: self.losses(batch), image.shape)
+        explained = self.explained(image, first=first, reading=reading_of(self._trainer))
         loss, logits, _ = explained.output
         probs = self.probabilities(logits)
         self.metrics[stage].update(probs, label)  # labels -1 (a slice of a scan with a lesion) left out
@@ -376,7 +368,7 @@ class ViTClassifier(StartAnchor, MapReader, SeesAsCheckpointed):
 
     def predict_step(self, batch: dict, batch_idx: int) -> Inference:
         """Probabilities, rollout, attention sink and localisation scores of each slice (:func:`infer`)."""
-        return infer(self, batch)
+        return infer(self, batch, reading_of(self._trainer))
 
     def configure_optimizers(self):
         """AdamW with a per-step warm-up + cosine schedule, unless ``optimizer`` / ``scheduler`` replace them."""

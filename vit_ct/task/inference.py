@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from vit_ct.explain.map_reading import ONE_PASS, MapReading
 from vit_ct.explain.maps import Explained, localisation_maps
 from vit_ct.metrics.localisation import SURFACE_DISTANCE_SOURCES, scores_per_slice
 from vit_ct.metrics.schema import PREDICTIONS
@@ -56,17 +57,20 @@ class Inference:
     shares = (PREDICTIONS.rollout_air, PREDICTIONS.rollout_outside_head)  # the sink's per-slice shares
 
 
-def infer(model, batch: dict, *, sources: tuple[str, ...] = SURFACE_DISTANCE_SOURCES) -> Inference:
+def infer(
+    model, batch: dict, reading: MapReading = ONE_PASS, *, sources: tuple[str, ...] = SURFACE_DISTANCE_SOURCES
+) -> Inference:
     """Runs a :class:`vit_ct.ViTClassifier` (in eval mode) once over ``batch``, without gradients.
 
     Args:
         model: The classifier; its rollout settings and ``localisation_tolerance_mm`` apply.
         batch: A :class:`vit_ct.CTBatch` on the model's device; the sink needs its ``head``, the localisation
             scores its ``mask`` and ``has_mask``.
+        reading: How the maps are read (shifted grids, pixels); one pass by default.
         sources: The maps scored against the lesion (:data:`vit_ct.metrics.localisation.MAP_SOURCES`); predict
             scores the rollout and its ceiling, the review also the floors.
     """
-    explained: Explained = model.explained(batch["image"])  # over shifted grids where model.map_shifts > 1
+    explained: Explained = model.explained(batch["image"], reading=reading)  # shifted grids where reading.shifts > 1
     rollout, patches = explained.rollout, tuple(model.vit.patch_embed.grid_size)
     sink = {}
     if "head" in batch:  # the attention sink, per slice

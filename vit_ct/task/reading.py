@@ -1,35 +1,52 @@
 """How the model's maps are read: the logits and attention rollout of a batch from one forward pass, or over
-shifted grids (``map_shifts``, :mod:`vit_ct.explain.shifted`) for a map finer than the patches, and down to the pixel
-(``map_pixels``, :mod:`vit_ct.explain.pixels`) by the gradient x input through the stem."""
+shifted grids (:mod:`vit_ct.explain.shifted`) for a map finer than the patches, and down to the pixel
+(:mod:`vit_ct.explain.pixels`) by the gradient x input through the stem, as a command's
+:class:`~vit_ct.explain.map_reading.MapReading` says; the trainer carries that reading (:class:`ReadMaps`), never the
+model."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
 import torch
+from lightning.pytorch import Callback
 from torch import nn
 
+from vit_ct.explain.map_reading import ONE_PASS, MapReading
 from vit_ct.explain.maps import Explained, explain_forward
 from vit_ct.explain.pixels import input_relevance, lesion_log_odds, spread_over_pixels
 from vit_ct.explain.shifted import air_level, shifted_explained
 
 
+class ReadMaps(Callback):
+    """How the trainer's command reads the maps (``--map_shifts``, ``--map_pixels``): the steps that read maps
+    (validation, test, predict) take it from here; a trainer without one reads one pass."""
+
+    def __init__(self, reading: MapReading) -> None:
+        self.reading = reading
+
+
+def reading_of(trainer) -> MapReading:
+    """The map reading of ``trainer``'s :class:`ReadMaps` callback; one pass where there is none (or no trainer)."""
+    for callback in getattr(trainer, "callbacks", None) or ():
+        if isinstance(callback, ReadMaps):
+            return callback.reading
+    return ONE_PASS
+
+
 class MapReader(nn.Module):
     """Mixin of the model (which has ``hparams``, ``task``, ``input_contract`` and a forward pass): its maps, read
-    over ``map_shifts`` shifted grids per axis (1: one pass), and with ``map_pixels`` spread over the pixels."""
-
-    map_shifts: int = 1
-    map_pixels: bool = False
+    as a :class:`~vit_ct.explain.map_reading.MapReading` says."""
 
     def _explained(self, forward, image_shape) -> Explained:
         h = self.hparams
         return explain_forward(self, forward, image_shape, head_fusion=h.rollout_head_fusion,
                                discard_ratio=h.rollout_discard_ratio)  # fmt: skip
 
-    def _read(self, image: torch.Tensor, fill: torch.Tensor) -> Explained:
-        """One recorded pass; with ``map_pixels`` also the gradient x input of the lesion log-odds (gradients switched
+    def _read(self, image: torch.Tensor, fill: torch.Tensor, pixels: bool) -> Explained:
+        """One recorded pass; with ``pixels`` also the gradient x input of the lesion log-odds (gradients switched
         on locally, also under ``torch.inference_mode``; the parameters' ``.grad`` stay untouched)."""
-        if not self.map_pixels:
+        if not pixels:
             return self._explained(lambda: self(image), image.shape)
         with torch.inference_mode(False), torch.enable_grad():
             x = image.clone().requires_grad_(True)  # an inference tensor cannot enter autograd, its clone can
@@ -39,26 +56,29 @@ class MapReader(nn.Module):
         output = explained.output.detach()
         return replace(explained, output=output, relevance=input_relevance(gradient, x.detach(), fill))
 
-    def explain(self, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits and attention rollout ``(B, grid_h, grid_w)`` of a batch from one forward pass (:meth:`explained`)."""
-        explained = self.explained(image)
+    def explain(self, image: torch.Tensor, reading: MapReading = ONE_PASS) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits and attention rollout ``(B, grid_h, grid_w)`` of a batch, from one forward pass unless ``reading``
+        asks for more (:meth:`explained`)."""
+        explained = self.explained(image, reading=reading)
         return explained.output, explained.rollout
 
-    def explained(self, image: torch.Tensor, first: Explained | None = None) -> Explained:
+    def explained(
+        self, image: torch.Tensor, first: Explained | None = None, reading: MapReading = ONE_PASS
+    ) -> Explained:
         """Logits, attention rollout and the class token's attention rows per block, from one forward pass without
-        gradients (``map_shifts**2`` passes where ``map_shifts`` > 1, :func:`shifted_explained`; ``first``: the
+        gradients (``reading.shifts**2`` passes where it is > 1, :func:`shifted_explained`; ``first``: the
         unshifted one, already run). Heads are fused inside the hook and only the class token's row is propagated, so
         large slices fit (:func:`vit_ct.explain.maps.explain_forward`, with this model's rollout settings). With
-        ``map_pixels``, each pass also takes the input's gradient and ``rollout`` is ``(B, S, S)``
+        ``reading.pixels``, each pass also takes the input's gradient and ``rollout`` is ``(B, S, S)``
         (:func:`vit_ct.explain.pixels.spread_over_pixels`)."""
         fill = air_level(self.input_contract.windows, image.shape[1])
         output = None
-        if self.map_pixels and first is not None and first.relevance is None:
+        if reading.pixels and first is not None and first.relevance is None:
             output, first = first.output, None  # a pass without the gradient (the losses'): its output, read again
-        patch_size, shifts = self.hparams.patch_size, self.map_shifts
+        patch_size, shifts = self.hparams.patch_size, reading.shifts
         with torch.no_grad():
-            explained = shifted_explained(lambda x: self._read(x, fill), image, first=first, patch_size=patch_size,
-                                          shifts=shifts, fill=fill)  # fmt: skip
-        if self.map_pixels:
+            explained = shifted_explained(lambda x: self._read(x, fill, reading.pixels), image, first=first,
+                                          patch_size=patch_size, shifts=shifts, fill=fill)  # fmt: skip
+        if reading.pixels:
             explained = replace(explained, rollout=spread_over_pixels(explained.rollout, explained.relevance))
         return explained if output is None else replace(explained, output=output)
