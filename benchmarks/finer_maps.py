@@ -23,7 +23,7 @@ from benchmarks.recording import RECORDS, command_line, git_state, table, timed_
 from vit_ct.data.loading.datamodule import CTSliceDataModule
 from vit_ct.explain.map_reading import MapReading
 from vit_ct.explain.occlusion import brain_baseline
-from vit_ct.explain.sanity import model_randomisation
+from vit_ct.explain.sanity import model_randomisation, rollout_map
 from vit_ct.task import ViTClassifier
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,11 +96,6 @@ def predictions(
     return found
 
 
-def rollout_read(network, images: torch.Tensor, reading: MapReading) -> torch.Tensor:
-    """:func:`vit_ct.explain.sanity.rollout_map` read as ``reading`` says: ``(B, grid_h, grid_w)``."""
-    return network.explain(images, reading=reading)[1]
-
-
 def cell_maps(model: ViTClassifier, images: torch.Tensor, settings: list[int], batch: int) -> dict[int, torch.Tensor]:
     """Each setting's rollout brought to the finest setting's grid, each cell its own (coarser: its patch's) value."""
     finest, maps = max(settings), {}
@@ -145,7 +140,7 @@ def randomisation(model: ViTClassifier, slices: dict, settings: list[int], *, se
     """The model-randomisation check (:func:`model_randomisation`) of each setting's rollout, inside the head."""
     checks = {}
     for s in settings:
-        read = partial(rollout_read, reading=MapReading(shifts=s))  # each copy of the cascade read the same way
+        read = partial(rollout_map, reading=MapReading(shifts=s))  # each copy of the cascade read the same way
         check = model_randomisation(model, slices["image"], read, region=slices["head"], seed=seed,
                                     batch_size=batch, examples=[0], method=f"rollout, map_shifts {s}")  # fmt: skip
         checks[s] = check.to_dict()

@@ -36,14 +36,14 @@ import torch
 
 from benchmarks import small_data  # the families, their test split and how maps are scored
 from benchmarks.faithfulness import map_areas, patch_counts
-from benchmarks.finer_maps import MANIFEST_CONFIG, default_checkpoint, heldout_manifest, rollout_read, timed_predict
+from benchmarks.finer_maps import MANIFEST_CONFIG, default_checkpoint, heldout_manifest, timed_predict
 from benchmarks.recording import RECORDS, command_line, git_state, table, write_record
 from vit_ct.data.loading.datamodule import CTSliceDataModule
 from vit_ct.explain.map_reading import MapReading
 from vit_ct.explain.maps import upsample
 from vit_ct.explain.occlusion import brain_baseline
 from vit_ct.explain.pixels import POWER, SMOOTH_PX, smooth, spread_over_pixels
-from vit_ct.explain.sanity import model_randomisation
+from vit_ct.explain.sanity import model_randomisation, rollout_map
 from vit_ct.explain.shifted import READ_SHIFTS
 from vit_ct.task import ViTClassifier
 
@@ -122,7 +122,7 @@ def randomisation(model: ViTClassifier, slices: dict, *, seed: int, batch: int) 
     the head (the cascade's copies keep the reading)."""
     checks = {}
     for name, pixels in (("rollout, 2 x 2", False), (METHODS[-1], True)):
-        read = partial(rollout_read, reading=MapReading(shifts=READ_SHIFTS, pixels=pixels))
+        read = partial(rollout_map, reading=MapReading(shifts=READ_SHIFTS, pixels=pixels))
         check = model_randomisation(model, slices["image"], read, region=slices["head"], seed=seed,
                                     batch_size=batch, examples=[0], method=name)  # fmt: skip
         checks[name] = check.to_dict()

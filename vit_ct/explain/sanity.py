@@ -29,6 +29,7 @@ from torchmetrics.functional import spearman_corrcoef
 
 from vit_ct.explain.attention import patch_grid
 from vit_ct.explain.cascade import cascade
+from vit_ct.explain.map_reading import MapReading
 
 MAX_SPEARMAN = 0.5  # mean rank correlation of the fully randomised model's maps with the trained model's, at most
 MIN_MOVED = 0.5  # share of slices whose map maximum moves to another patch, at least
@@ -36,11 +37,11 @@ MIN_MOVED = 0.5  # share of slices whose map maximum moves to another patch, at 
 MapFunction = Callable[[nn.Module, torch.Tensor], torch.Tensor]  # (network, (B, C, S, S) images) -> (B, h, w) maps
 
 
-def rollout_map(network: nn.Module, images: torch.Tensor) -> torch.Tensor:
+def rollout_map(network: nn.Module, images: torch.Tensor, reading: MapReading | None = None) -> torch.Tensor:
     """The attention rollout of an :class:`~vit_ct.explain.maps.Explainer` (a :class:`vit_ct.ViTClassifier`) with its
-    own rollout settings: ``(B, grid_h, grid_w)``. For a bare timm ViT pass :func:`vit_ct.explain.maps.explain_rollout`
-    instead."""
-    return network.explain(images)[1]
+    own rollout settings, from one pass or read as ``reading`` says (bind it with ``functools.partial``):
+    ``(B, grid_h, grid_w)``. For a bare timm ViT pass :func:`vit_ct.explain.maps.explain_rollout` instead."""
+    return (network.explain(images) if reading is None else network.explain(images, reading=reading))[1]
 
 
 def image_map(network: nn.Module, images: torch.Tensor) -> torch.Tensor:

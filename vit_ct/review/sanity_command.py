@@ -7,11 +7,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from functools import partial
 from pathlib import Path
 
-from vit_ct.explain.sanity import RandomisationCheck
+from vit_ct.explain.sanity import RandomisationCheck, rollout_map
 from vit_ct.files import atomic_write
-from vit_ct.inspection.loading import load_review
+from vit_ct.inspection.loading import REVIEW_READING, load_review
 from vit_ct.inspection.map_check import check_map, sanity_slices
 
 
@@ -44,7 +45,9 @@ def main(argv: list[str] | None = None) -> RandomisationCheck:
     except ValueError as err:  # a missing or unreadable checkpoint or manifest: the message names it
         parser.exit(2, f"{parser.prog}: error: {err}\n")
     slices = sanity_slices(model, datamodule, args.slices)
-    check = check_map(model, slices, seed=args.seed)  # the rollout
+    check = check_map(
+        model, slices, partial(rollout_map, reading=REVIEW_READING), seed=args.seed
+    )  # as the review reads
     info = {"ckpt_path": str(args.ckpt_path), "manifest": str(args.manifest), "split": args.split, "seed": args.seed}
     json_path, png_path = write_check(check, args.output_dir, info)
     summary = check.to_dict()
