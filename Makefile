@@ -1,5 +1,5 @@
 # Two commands: `make demo` (synthetic head CT -> ViT -> predictions and rollout maps) and `make test`.
-# `make check`: lint and the tests that take well under a second each, in about two minutes: run it before every commit.
+# `make check`: lint and the tests that take well under a second each: run it before every commit.
 # `make floors`: a fast subset of the tests on every dependency at the lowest version pyproject.toml allows.
 VENV ?= .venv
 PYTHON ?= python3

@@ -12,8 +12,6 @@ import pytest
 import torch
 import yaml
 
-from benchmarks.orthanc import free_port  # noqa: F401  (the tests' servers take their ports from it too)
-
 os.environ.setdefault("WANDB_MODE", "offline")  # tests never reach the network
 os.environ.setdefault("WANDB_SILENT", "true")
 # W&B stages artifacts (tables) under WANDB_DATA_DIR, by default in the home folder: keep tests out of it.
@@ -50,6 +48,15 @@ def run_vit_ct(*args: str, cwd: Path, pythonpath: Path | None = None) -> None:
     command = [str(Path(sys.executable).with_name("vit-ct")), *args]
     result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+
+
+def free_port() -> int:
+    """A TCP port on the loopback interface that nothing listens on now (:func:`benchmarks.orthanc.free_port`)."""
+    # imported here: a vit-ct process that loads a test module's probe callback imports this file without the
+    # checkout on its path
+    from benchmarks.orthanc import free_port as port
+
+    return port()
 
 
 def tiny_checkpoint_file(path: Path) -> Path:
