@@ -27,6 +27,7 @@ from vit_ct import SyntheticCTDataModule
 from vit_ct.model.network import attention_keys
 from vit_ct.run.hardware import auto_precision, describe_machine
 from vit_ct.task import ViTClassifier
+from vit_ct.task.settings import flat_config
 
 DEMO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
 DEMO_DATA = Path("data/synthetic")  # where `make demo` builds the set (built here if it is not)
@@ -79,9 +80,9 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> str:
     for size in args.sizes:
         batches = batches_of(size, args.warmup + args.steps)
         torch.manual_seed(0)
-        demo = yaml.safe_load(DEMO_CONFIG.read_text())["model"]  # the demo model, as `make demo` trains it
-        skipped = ViTClassifier(**demo, img_size=size, in_chans=2)
-        every = ViTClassifier(**demo, img_size=size, in_chans=2)
+        demo = flat_config(yaml.safe_load(DEMO_CONFIG.read_text())["model"])  # the demo model, as `make demo` trains it
+        skipped = ViTClassifier.from_hparams(**demo, img_size=size, in_chans=2)
+        every = ViTClassifier.from_hparams(**demo, img_size=size, in_chans=2)
         every.load_state_dict(skipped.state_dict())
         # forward_features as it was: air masked as keys, every token through every block
         reference = every.vit.forward_features_every_token

@@ -73,7 +73,7 @@ def peak_gib(device: torch.device) -> float | None:
 
 def fit_check(args, device: torch.device, precision: str, img_size: int, batch_size: int) -> dict:
     torch.manual_seed(0)
-    model = ViTClassifier(arch=args.arch, img_size=img_size, **args.model_overrides).to(device)
+    model = ViTClassifier.from_hparams(arch=args.arch, img_size=img_size, **args.model_overrides).to(device)
     batches = make_batches(args.warmup + args.steps, batch_size, img_size, device)
     flops = training_flops(model, batches[0], precision)
     reset_peak(device)
@@ -99,7 +99,7 @@ def fit_check(args, device: torch.device, precision: str, img_size: int, batch_s
 
 def rollout_check(args, device: torch.device, img_size: int, batch_size: int) -> dict:
     torch.manual_seed(0)
-    model = ViTClassifier(arch=args.arch, img_size=img_size, **args.model_overrides).to(device).eval()
+    model = ViTClassifier.from_hparams(arch=args.arch, img_size=img_size, **args.model_overrides).to(device).eval()
     image = torch.rand(batch_size, 1, img_size, img_size, device=device)
     reset_peak(device)
     start = time.perf_counter()

@@ -46,7 +46,7 @@ def card_slices(tag: str, model: ViTClassifier, patients: int) -> dict[str, torc
 
 def measure(tag: str, patients: int, *, seed: int = 0) -> dict[str, RandomisationCheck]:
     """The check of each of ``METHODS`` on the shipped weights ``tag``, and of the head mask as a map."""
-    model = ViTClassifier(pretrained=tag).eval()
+    model = ViTClassifier.from_hparams(pretrained=tag).eval()
     batch = card_slices(tag, model, patients)
     examples = (batch["label"] > 0).nonzero()[:2, 0].tolist() or [0, 1]
     methods = {**METHODS, "floor: head": lambda network, images: batch["head"][:, 0]}

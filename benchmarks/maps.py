@@ -23,6 +23,7 @@ from benchmarks.recording import RECORDS, write_record
 from vit_ct.data.transforms.windows import parse_windows
 from vit_ct.run.hardware import describe_machine
 from vit_ct.task import ViTClassifier
+from vit_ct.task.settings import group_of
 
 # Every variant names all four levers, so that changing a default in the code does not change what a row measures.
 LEVERS = ("mask_air", "reg_tokens", "attention_loss_weight", "attention_target")
@@ -37,7 +38,7 @@ VARIANTS: dict[str, tuple] = {
 
 def variant_args(variant: str) -> list[str]:
     pairs = zip(LEVERS, VARIANTS[variant], strict=True)
-    return [arg for lever, value in pairs for arg in (f"--model.{lever}", str(value).lower())]
+    return [arg for lever, value in pairs for arg in (f"--model.{group_of(lever)}.{lever}", str(value).lower())]
 
 
 # (column, where the value comes from, higher is better)

@@ -164,7 +164,8 @@ def fit_until_first_step(manifest: Path, cache: str, cache_dir: Path, workdir: P
     command = [
         sys.executable, "-c", _FIT, str(imported), "fit", "--config", str(ROOT / "configs" / "rsna_ich.yaml"),
         "--data.manifest", str(manifest), "--data.init_args.cache", cache, "--data.init_args.num_workers", "2",
-        "--model.embed_dim", "32", "--model.depth", "2", "--model.num_heads", "2", "--trainer.max_steps", "1",
+        "--model.network.embed_dim", "32", "--model.network.depth", "2", "--model.network.num_heads", "2",
+        "--trainer.max_steps", "1",
         "--trainer.limit_val_batches", "0", "--trainer.logger", "false", "--trainer.accelerator", "cpu",
         "--trainer.precision", "32-true", "--test_after_fit", "false",
         "--trainer.callbacks+=rsna_scale.FirstStep", "--trainer.callbacks.path", str(stamp),

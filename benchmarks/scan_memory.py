@@ -169,14 +169,14 @@ def fit_command(manifest: Path, probe: Path, *, cache: str, args: argparse.Names
     hold the rollout to) on a tiny model."""
     return [
         VIT_CT, "fit", "--config", str(ROOT / "configs" / "finetune.yaml"), "--data.manifest", str(manifest),
-        "--model.pretrained", "null", "--model.anchor_loss_weight", "0",
-        "--model.embed_dim", "32", "--model.depth", "2", "--model.num_heads", "2",
+        "--model.pretrained", "null", "--model.losses.anchor_loss_weight", "0",
+        "--model.network.embed_dim", "32", "--model.network.depth", "2", "--model.network.num_heads", "2",
         "--data.init_args.img_size", str(args.size), "--data.init_args.windows", "[brain]",
         "--data.init_args.batch_size", str(args.batch_size), "--data.init_args.num_workers", "0",
         "--data.init_args.cache", cache, "--trainer.logger", "false", "--trainer.accelerator", "cpu",
         "--trainer.max_epochs", str(args.epochs), "--trainer.check_val_every_n_epoch", "1",
         "--trainer.limit_train_batches", str(args.train_batches), "--trainer.limit_val_batches", str(args.val_batches),
-        "--model.warmup_epochs", "0", "--test_after_fit", "false",
+        "--model.optimisation.warmup_epochs", "0", "--test_after_fit", "false",
         "--trainer.callbacks+=scan_memory.MemoryProbe", "--trainer.callbacks.path", str(probe),
     ]  # fmt: skip
 

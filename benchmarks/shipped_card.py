@@ -52,7 +52,9 @@ def measure(
 ) -> dict[str, float]:
     """The card's figures of the shipped weights ``tag`` on every slice of ``manifest`` (or of its ``split``), fp32."""
     card_input = shipped.input_contract(tag)  # the network at the input size the weights were trained for
-    model = ViTClassifier(pretrained=tag, img_size=card_input.img_size, in_chans=card_input.in_chans).eval()
+    model = ViTClassifier.from_hparams(
+        pretrained=tag, img_size=card_input.img_size, in_chans=card_input.in_chans
+    ).eval()
     contract = model.input_contract
     table = read_manifest(manifest)
     if split is not None:

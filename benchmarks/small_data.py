@@ -15,7 +15,6 @@ ceiling of any map on the patch grid).
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import re
 import shlex
@@ -53,6 +52,7 @@ from vit_ct.sim.projector import Kernel
 from vit_ct.sim.synthetic import build_synthetic_dataset
 from vit_ct.task import ViTClassifier
 from vit_ct.task.optim import warmup_cosine_schedule
+from vit_ct.task.settings import flat_config, group_of
 
 WINDOWS = ["brain", "subdural"]  # as configs/pretrain.yaml and configs/finetune.yaml
 FINETUNE = Path(__file__).resolve().parents[1] / "configs" / "finetune.yaml"
@@ -209,15 +209,15 @@ def family_root(family: str, as_scans: bool = False) -> Path:
 def finetune_recipe() -> dict:
     """The model section of ``configs/finetune.yaml``, the README's recipe, less the start weights and depth that a
     row sets: what every fine-tuned row trains with, read from the file so that the two cannot drift apart."""
-    model = yaml.safe_load(FINETUNE.read_text())["model"]
+    model = flat_config(yaml.safe_load(FINETUNE.read_text())["model"])
     return {k: v for k, v in model.items() if k not in ("pretrained", "weights", "depth")}
 
 
 def recipe_change(text: str) -> tuple[str, object]:
     """``KEY=VALUE`` of ``--set``: a model argument of ``ViTClassifier`` and its YAML value."""
     key, sep, value = text.partition("=")
-    if not sep or key not in inspect.signature(ViTClassifier).parameters:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE with KEY an argument of ViTClassifier")
+    if not sep or group_of(key) is None:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE with KEY a setting of ViTClassifier (e.g. lr)")
     return key, yaml.safe_load(value)
 
 
@@ -234,7 +234,7 @@ def build_model(row: Row, args: argparse.Namespace) -> L.LightningModule:
     else:
         recipe = {"lr": 1e-3, "drop_path_rate": 0.1, **common}
         recipe |= {"patch_loss_weight": 1.0, "attention_loss_weight": 1.0} if row.masks else {}
-    return ViTClassifier(
+    return ViTClassifier.from_hparams(
         arch="vit_tiny_patch16_224",
         stem="conv",
         depth=6,

@@ -145,7 +145,7 @@ def scored(model: ViTClassifier, manifest: Path, batch: int) -> tuple[dict, dict
 def shipped_model() -> ViTClassifier:
     """The shipped weights as ``vit-ct test --config configs/finetune.yaml`` builds them (no training here)."""
     recipe = {**small_data.finetune_recipe(), "anchor_loss_weight": 0.0}
-    return ViTClassifier(arch="vit_tiny_patch16_224", stem="conv", depth=6, img_size=256,
+    return ViTClassifier.from_hparams(arch="vit_tiny_patch16_224", stem="conv", depth=6, img_size=256,
                          in_chans=len(small_data.WINDOWS), pretrained="vit-ct/headct-tiny-256", **recipe)  # fmt: skip
 
 

@@ -158,7 +158,7 @@ def plain_child(path: str, precision: str, epochs: int, device: str, allocator: 
         raise SystemExit("the plain loop: glibc's allocator could not be set here")
 
     saved = torch.load(path, weights_only=False)  # this benchmark's own file
-    model = ViTClassifier(**saved["hparams"])
+    model = ViTClassifier.from_hparams(**saved["hparams"])
     model.load_state_dict(saved["state_dict"])
     model.to(device).train()
     batches = [{k: v.to(device) if torch.is_tensor(v) else v for k, v in b.items()} for b in saved["batches"]]

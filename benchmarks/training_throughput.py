@@ -144,7 +144,7 @@ def ddp_child(processes: int, args: argparse.Namespace) -> None:
     torch.set_num_threads(max(1, args.threads // processes))
     torch.manual_seed(0)
     batches = make_batches(args.warmup + args.steps, args.batch_size, MODEL["img_size"])
-    model = ViTClassifier(**MODEL)
+    model = ViTClassifier.from_hparams(**MODEL)
     # Each rank trains on its own copy of the batches (no sampler to split a list of ready batches).
     per_rank = lightning_throughput(
         model, batches, args.warmup, strategy="ddp", devices=processes, use_distributed_sampler=False
@@ -166,7 +166,7 @@ def pair_child(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     batches = make_batches(args.warmup + args.steps, args.batch_size, MODEL["img_size"])
-    print(json.dumps({"images_per_s": plain_throughput(ViTClassifier(**MODEL), batches, args.warmup)}))
+    print(json.dumps({"images_per_s": plain_throughput(ViTClassifier.from_hparams(**MODEL), batches, args.warmup)}))
 
 
 def run_pair(wait_policy: str | None, args: argparse.Namespace) -> float:
@@ -210,7 +210,7 @@ def main(records: Path | None = None) -> None:
 
     def fresh(**overrides) -> ViTClassifier:
         torch.manual_seed(0)
-        return ViTClassifier(**{**MODEL, **overrides})
+        return ViTClassifier.from_hparams(**{**MODEL, **overrides})
 
     plain_throughput(fresh(), batches[:3], 1)  # one-time start-up costs (allocator, oneDNN kernels) go here
     plain = plain_throughput(fresh(), batches, args.warmup)

@@ -12,6 +12,8 @@ import pytest
 import torch
 import yaml
 
+from vit_ct.task.settings import flat_config
+
 os.environ.setdefault("WANDB_MODE", "offline")  # tests never reach the network
 os.environ.setdefault("WANDB_SILENT", "true")
 # W&B stages artifacts (tables) under WANDB_DATA_DIR, by default in the home folder: keep tests out of it.
@@ -30,11 +32,11 @@ if _WORKERS > 1:
 
 # Overrides that shrink the demo config to seconds: a 2-block ViT at 32x32 on 64x64 slices.
 ROOT = Path(__file__).resolve().parents[1]
-TINY_MODEL_ARGS = ["--model.embed_dim", "32", "--model.depth", "2", "--model.num_heads", "2"]
+TINY_MODEL_ARGS = ["--model.network.embed_dim", "32", "--model.network.depth", "2", "--model.network.num_heads", "2"]
 # What the tests' tiny models in Python take from the demo recipe (configs/demo.yaml), which ViTClassifier's defaults
 # leave off: stochastic depth and the mask-supervised losses; their width, depth, input and rate are their own.
 DEMO_LEVERS = {
-    name: yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())["model"][name]
+    name: flat_config(yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())["model"])[name]
     for name in ("drop_path_rate", "patch_loss_weight", "attention_loss_weight")
 }
 
@@ -67,7 +69,9 @@ def tiny_checkpoint_file(path: Path) -> Path:
 
     torch.manual_seed(0)
     trainer = quiet_trainer()
-    trainer.strategy.connect(ViTClassifier(**DEMO_LEVERS, embed_dim=32, depth=2, num_heads=2, img_size=32, in_chans=1))
+    trainer.strategy.connect(
+        ViTClassifier.from_hparams(**DEMO_LEVERS, embed_dim=32, depth=2, num_heads=2, img_size=32, in_chans=1)
+    )
     trainer.save_checkpoint(path)
     return path
 

@@ -53,6 +53,6 @@ def manifest_args(manifest: Path, *, batch_size: int = 2) -> list[str]:
         "--data.init_args.img_size", "32", "--data.init_args.batch_size", str(batch_size),
         "--data.init_args.num_workers", "0", "--data.init_args.cache", "true", "--data.init_args.windows", "[brain]",
         "--trainer.precision", "32-true",  # the tests compare numbers with fp32 references
-        "--model.embed_dim", "32", "--model.depth", "2", "--model.num_heads", "2",
+        "--model.network.embed_dim", "32", "--model.network.depth", "2", "--model.network.num_heads", "2",
         "--test_after_fit", "false",
     ]  # fmt: skip

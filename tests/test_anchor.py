@@ -19,7 +19,7 @@ BUILT = dict(DEMO_LEVERS, img_size=32, in_chans=1, embed_dim=32, depth=2, num_he
 def _start_weights(tmp_path) -> str:
     """A vit-ct checkpoint to start from, as `vit-ct fit` writes one."""
     torch.manual_seed(0)
-    model = ViTClassifier(**BUILT)
+    model = ViTClassifier.from_hparams(**BUILT)
     contract = {"img_size": 32, "patch_size": 16, "in_chans": 1, "windows": [[40.0, 80.0]],
                 "read_options": {"modalities": ["CT"], "stored_values_are_hu": False}}  # fmt: skip
     path = tmp_path / "start.ckpt"
@@ -58,7 +58,9 @@ def test_the_anchor_loss_is_the_kl_divergence_of_the_rollout_from_the_start_netw
 
 def test_fine_tuning_from_start_weights_holds_the_rollout_to_theirs(tmp_path):
     start = _start_weights(tmp_path)
-    model = ViTClassifier(**BUILT, weights=start, anchor_loss_weight=1.0)  # training mode, no dropout of any kind
+    model = ViTClassifier.from_hparams(
+        **BUILT, weights=start, anchor_loss_weight=1.0
+    )  # training mode, no dropout of any kind
     batch = _batch()
     assert "anchor_loss" not in model.eval().losses(batch).parts  # a training loss: validation and test leave it out
     model.train()
@@ -81,7 +83,9 @@ def test_fine_tuning_from_start_weights_holds_the_rollout_to_theirs(tmp_path):
 
 
 def test_without_start_weights_the_anchor_has_nothing_to_hold_to(tmp_path):
-    model = ViTClassifier(**BUILT, anchor_loss_weight=1.0)  # e.g. a fine-tuned checkpoint loaded to predict
+    model = ViTClassifier.from_hparams(
+        **BUILT, anchor_loss_weight=1.0
+    )  # e.g. a fine-tuned checkpoint loaded to predict
     assert model._anchor is None and "anchor_loss" not in model.losses(_batch()).parts
     with pytest.raises(ValueError, match="anchor_loss_weight.*--model.pretrained or --model.weights"):
         model.on_fit_start()

@@ -66,7 +66,7 @@ def test_start_weights_of_another_architecture_are_named_in_one_line_by_the_comm
 
     from vit_ct import ViTClassifier
 
-    other = ViTClassifier(**{**TINY, "embed_dim": 64, "depth": 3, "patch_size": 8})  # 80 tensors: none fit
+    other = ViTClassifier.from_hparams(**{**TINY, "embed_dim": 64, "depth": 3, "patch_size": 8})  # 80 tensors: none fit
     path = tmp_path / "other.safetensors"
     save_file(_vit_tensors(other), str(path))
     manifest = write_npy_manifest(tmp_path / "data", train=2, val=2)
@@ -75,8 +75,9 @@ def test_start_weights_of_another_architecture_are_named_in_one_line_by_the_comm
     assert _refusal(run, str(path)) == (
         f"vit-ct: error: weights file {path} holds another architecture (embed_dim 64, depth 3, patch_size 8) than the"
         " model (embed_dim 32, depth 2, patch_size 16): first tensor that does not fit: cls_token: (1, 1, 64) in the"
-        " file, (1, 1, 32) in the model; build the model as the file's (--model.embed_dim, --model.depth,"
-        " --model.patch_size, and its --model.num_heads) or give weights of the model's architecture"
+        " file, (1, 1, 32) in the model; build the model as the file's (--model.network.embed_dim,"
+        " --model.network.depth, --model.network.patch_size, and its --model.network.num_heads) or give weights of"
+        " the model's architecture"
     )
     assert "size mismatch" not in run.stderr
 
@@ -86,28 +87,32 @@ def test_a_tensor_of_the_wrong_shape_is_named_instead_of_timms_reshape_error(tmp
 
     from vit_ct import ViTClassifier
 
-    tensors = _vit_tensors(ViTClassifier(**TINY))
+    tensors = _vit_tensors(ViTClassifier.from_hparams(**TINY))
     tensors["pos_embed"] = tensors["pos_embed"][0]  # (5, 32): timm's resampling failed on it, naming no file
     path = tmp_path / "flat.safetensors"
     save_file(tensors, str(path))
     with pytest.raises(ValueError) as refused:
-        ViTClassifier(**TINY, weights=str(path))
+        ViTClassifier.from_hparams(**TINY, weights=str(path))
     assert str(refused.value) == (
         f"weights file {path}: tensor pos_embed: (5, 32) in the file, (1, 5, 32) in the model, though the file's other"
         " tensors show the model's architecture (embed_dim 32, depth 2, patch_size 16); expected a ViT state dict whose"
         " tensors have the model's shapes"
     )
-    tensors = _vit_tensors(ViTClassifier(**{**TINY, "depth": 3}))  # one block more, every shape the model's
+    tensors = _vit_tensors(
+        ViTClassifier.from_hparams(**{**TINY, "depth": 3})
+    )  # one block more, every shape the model's
     save_file(tensors, str(path))
     deeper = (
         r"\(embed_dim 32, depth 3, patch_size 16\) than the model \(embed_dim 32, depth 2, patch_size 16\):"
         r" first tensor that does not fit: blocks\.2\.\S+: \([\d, ]+\) in the file, absent from the model"
     )
     with pytest.raises(ValueError, match=deeper):
-        ViTClassifier(**TINY, weights=str(path))
-    grid = _vit_tensors(ViTClassifier(**{**TINY, "img_size": 48}))  # another grid (3 x 3) is resampled, as before
+        ViTClassifier.from_hparams(**TINY, weights=str(path))
+    grid = _vit_tensors(
+        ViTClassifier.from_hparams(**{**TINY, "img_size": 48})
+    )  # another grid (3 x 3) is resampled, as before
     save_file(grid, str(path))
-    assert ViTClassifier(**TINY, weights=str(path)).vit.pos_embed.shape == (1, 5, 32)
+    assert ViTClassifier.from_hparams(**TINY, weights=str(path)).vit.pos_embed.shape == (1, 5, 32)
 
 
 # --- B: a pickled checkpoint ------------------------------------------------------------------------------------------

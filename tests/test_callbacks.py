@@ -44,7 +44,7 @@ def manifest(tmp_path):
 def _fit_and_test(manifest, logger, callback):
     torch.manual_seed(0)
     data = CTSliceDataModule(str(manifest), img_size=32, batch_size=4, num_workers=0, augment=False)
-    model = ViTClassifier(**DEMO_LEVERS, img_size=32, in_chans=2, embed_dim=32, depth=2, num_heads=2)
+    model = ViTClassifier.from_hparams(**DEMO_LEVERS, img_size=32, in_chans=2, embed_dim=32, depth=2, num_heads=2)
     trainer = quiet_trainer(
         max_epochs=1,
         limit_train_batches=1,

@@ -49,7 +49,7 @@ class StallAtStep(Callback):
 
 
 def _tiny_checkpoint(path: Path) -> dict:
-    model = ViTClassifier(**TINY)
+    model = ViTClassifier.from_hparams(**TINY)
     trainer = quiet_trainer()
     trainer.strategy.connect(model)
     trainer.save_checkpoint(path)
@@ -115,7 +115,7 @@ def test_timm_state_dict_loads_like_timm_own_pretrained_loader(tmp_path):
     source = timm.create_model("vit_tiny_patch16_224", embed_dim=32, depth=2, num_heads=2, img_size=64, num_classes=5)
     path = tmp_path / "timm.pth"
     torch.save(source.state_dict(), path)
-    ours = ViTClassifier(**TINY, stem="patch", num_classes=2, weights=str(path)).vit.state_dict()
+    ours = ViTClassifier.from_hparams(**TINY, stem="patch", num_classes=2, weights=str(path)).vit.state_dict()
     theirs = timm.create_model(
         "vit_tiny_patch16_224", pretrained=True, pretrained_cfg_overlay={"file": str(path), "num_classes": 5},
         embed_dim=32, depth=2, num_heads=2, img_size=32, in_chans=1, num_classes=2,
@@ -131,10 +131,10 @@ def test_conv_stem_input_channels_are_adapted_like_timm_adapts_a_linear_one(tmp_
     """The demo's weights (conv stem, brain + subdural windows) start a model with other windows: the stem's first
     conv is adapted by timm's rule (-> 1 channel: the kernels summed; -> 3: repeated, scaled by 2 / 3)."""
     torch.manual_seed(0)
-    demo = ViTClassifier(**{**TINY, "in_chans": 2})
+    demo = ViTClassifier.from_hparams(**{**TINY, "in_chans": 2})
     path = tmp_path / "demo.ckpt"
     torch.save({"state_dict": demo.state_dict()}, path)
-    ours = ViTClassifier(**{**TINY, "in_chans": in_chans}, weights=str(path)).state_dict()
+    ours = ViTClassifier.from_hparams(**{**TINY, "in_chans": in_chans}, weights=str(path)).state_dict()
     first = demo.state_dict()["vit.patch_embed.proj.0.weight"]  # (24, 2, 3, 3)
     expected = first.sum(1, keepdim=True) if in_chans == 1 else first[:, [0, 1, 0]] * 2 / 3
     torch.testing.assert_close(ours["vit.patch_embed.proj.0.weight"], expected)
@@ -168,7 +168,7 @@ def test_ema_callback_saves_the_average_weights(tmp_path):
         max_epochs=1, limit_val_batches=0, default_root_dir=tmp_path, enable_checkpointing=True,
         callbacks=[EMAWeightAveraging(decay=decay), record],
     )  # fmt: skip
-    trainer.fit(ViTClassifier(**TINY), datamodule=data)
+    trainer.fit(ViTClassifier.from_hparams(**TINY), datamodule=data)
     trainer.save_checkpoint(tmp_path / "ema.ckpt")
     expected = record.after_step[0]  # the first update copies the weights, later ones blend them in
     for weights in record.after_step[1:]:
@@ -286,7 +286,7 @@ def test_a_checkpoint_written_before_the_neutral_defaults_loads_as_it_was_built(
             del hparams[name]
     torch.manual_seed(0)
     built = {k: v for k, v in DEMO_RUN_BEFORE_NEUTRAL_DEFAULTS.items() if not k.startswith("_")}
-    state = ViTClassifier(**built).state_dict()  # the weights of that network, whatever they are
+    state = ViTClassifier.from_hparams(**built).state_dict()  # the weights of that network, whatever they are
     path = tmp_path / "old.ckpt"
     checkpoint = {"state_dict": state, "hyper_parameters": hparams, "vit_ct_input": CONTRACT}
     torch.save({**checkpoint, "pytorch-lightning_version": "2.5.0", "hparams_name": "kwargs"}, path)

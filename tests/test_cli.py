@@ -81,7 +81,7 @@ def test_unknown_config_key_is_an_error(capsys):
 
 def test_bad_config_value_is_named(capsys):
     with pytest.raises(SystemExit) as exit_info:
-        main(["fit", "--config", DEMO, "--model.depth", "deep"])
+        main(["fit", "--config", DEMO, "--model.network.depth", "deep"])
     assert exit_info.value.code != 0
     assert "depth" in capsys.readouterr().err
 
@@ -137,7 +137,7 @@ def test_fit_then_predict_through_the_real_command(synthetic_set, tmp_path):
     assert str(best) in fit.stdout.replace("\n", "")
     run_dir = Path(summary["run_dir"])
     saved_config = yaml.safe_load((run_dir / "config.yaml").read_text())
-    assert saved_config["model"]["depth"] == 2
+    assert saved_config["model"]["network"]["depth"] == 2
     # demo.yaml's `precision: auto` is resolved for this machine, and the run records what it used
     assert summary["precision"] == saved_config["trainer"]["precision"] == auto_precision("cpu")[0]
 
@@ -147,7 +147,7 @@ def test_fit_then_predict_through_the_real_command(synthetic_set, tmp_path):
     history, config = history_and_config(run_files[0])
     keys = set().union(*history)
     assert {"train/loss_step", "val/auroc", "val/loss", "test/auroc", "trainer/global_step"} <= keys
-    assert config["model"]["depth"] == 2 and config["data"]["init_args"]["img_size"] == 32
+    assert config["model"]["network"]["depth"] == 2 and config["data"]["init_args"]["img_size"] == 32
     assert config["trainer"]["max_epochs"] == 2
 
     out = tmp_path / "predictions"

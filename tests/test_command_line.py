@@ -191,12 +191,14 @@ def test_shipped_weights_are_named_as_such_and_a_none_that_changes_nothing_is_no
 
     size = "input follows the shipped weights: data.img_size: 256 x 256 (as vit-ct/headct-tiny-256 was trained; the"
     size += " config said 192 x 192)"
-    assert said("--model.embed_dim", "192", "--model.num_heads", "3") == [size]  # ViT-Ti's own: nothing changes
+    assert said("--model.network.embed_dim", "192", "--model.network.num_heads", "3") == [
+        size
+    ]  # ViT-Ti's own: nothing changes
     weights = "(the network of the weights vit-ct/headct-tiny-256; the config said"
-    assert said("--model.embed_dim", "32", "--model.depth", "2", "--model.num_heads", "2") == [
-        f"network follows the shipped weights: model.embed_dim: 192, vit_tiny_patch16_224's own {weights} 32)",
-        f"network follows the shipped weights: model.depth: 6 {weights} 2)",
-        f"network follows the shipped weights: model.num_heads: 3, vit_tiny_patch16_224's own {weights} 2)",
+    assert said("--model.network.embed_dim", "32", "--model.network.depth", "2", "--model.network.num_heads", "2") == [
+        f"network follows the shipped weights: model.network.embed_dim: 192, vit_tiny_patch16_224's own {weights} 32)",
+        f"network follows the shipped weights: model.network.depth: 6 {weights} 2)",
+        f"network follows the shipped weights: model.network.num_heads: 3, vit_tiny_patch16_224's own {weights} 2)",
         size,
     ]
 
@@ -211,7 +213,9 @@ def test_test_and_validate_print_their_figures_once(tmp_path, capsys, monkeypatc
     manifest = write_npy_manifest(tmp_path / "data", train=2, val=2)
     checkpoint = tmp_path / "model.ckpt"
     trainer = quiet_trainer()
-    trainer.strategy.connect(ViTClassifier(**DEMO_LEVERS, embed_dim=32, depth=2, num_heads=2, img_size=32, in_chans=1))
+    trainer.strategy.connect(
+        ViTClassifier.from_hparams(**DEMO_LEVERS, embed_dim=32, depth=2, num_heads=2, img_size=32, in_chans=1)
+    )
     trainer.save_checkpoint(checkpoint)
     for subcommand, stage in (("test", "test"), ("validate", "val")):
         main([subcommand, *manifest_args(manifest), *NO_LOGGER, "--ckpt_path", str(checkpoint)])

@@ -72,8 +72,8 @@ def test_fit_from_weights_takes_their_network_and_input_unless_typed_on_the_comm
     manifest, ckpt = fitted
     base = ["fit", *manifest_args(manifest), *NO_LOGGER, "--trainer.max_epochs", "0", "--model.weights", str(ckpt)]
     # the config's network (the demo's 6 blocks of 192) and input give way to the weights'
-    cli = main([*base[:-4], "--model.depth", "6", "--model.embed_dim", "192", "--model.num_heads", "3", *base[-4:],
-                "--data.init_args.windows", "[brain]"])  # fmt: skip
+    cli = main([*base[:-4], "--model.network.depth", "6", "--model.network.embed_dim", "192",
+                "--model.network.num_heads", "3", *base[-4:], "--data.init_args.windows", "[brain]"])  # fmt: skip
     assert (len(cli.model.vit.blocks), cli.model.vit.embed_dim) == (2, 32)
     assert cli.datamodule.read_options["stored_values_are_hu"] is True
     # an input size typed on the command line is kept: the position embeddings are interpolated to it, and said
@@ -129,15 +129,15 @@ def test_python_sees_named_weights_as_they_were_trained_and_says_where_told_othe
     _, ckpt = fitted
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # nothing to say: the weights' own input
-        model = ViTClassifier(pretrained=SHIPPED)
+        model = ViTClassifier.from_hparams(pretrained=SHIPPED)
     assert model.hparams.img_size == 256 and model.input_contract == shipped.input_contract(SHIPPED)
     with pytest.warns(UserWarning, match=r"position embeddings are resampled from 256 x 256 \(img_size=256"):
-        model = ViTClassifier(pretrained=SHIPPED, img_size=192)
+        model = ViTClassifier.from_hparams(pretrained=SHIPPED, img_size=192)
     assert model.hparams.img_size == 192 and model.input_contract.windows is None
-    model = ViTClassifier(weights=str(ckpt))  # a vit-ct checkpoint as start weights: its input and network
+    model = ViTClassifier.from_hparams(weights=str(ckpt))  # a vit-ct checkpoint as start weights: its input and network
     assert model.input_contract == InputContract.from_checkpoint(read_checkpoint(ckpt))
     assert (model.hparams.img_size, model.hparams.in_chans) == (32, 1)
-    plain = ViTClassifier(depth=1)  # no weights that know their input: the data module's defaults
+    plain = ViTClassifier.from_hparams(depth=1)  # no weights that know their input: the data module's defaults
     assert (plain.hparams.img_size, plain.hparams.in_chans) == (192, 2)
 
 

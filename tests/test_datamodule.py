@@ -47,7 +47,7 @@ def run_args(manifest: Path, *extra: str) -> list[str]:
     return [
         "fit", "--data.class_path", "vit_ct.CTSliceDataModule", "--data.init_args.manifest", str(manifest),
         "--data.init_args.img_size", "32", "--data.init_args.batch_size", "4", "--data.init_args.num_workers", "0",
-        *TINY_MODEL_ARGS, "--model.patch_loss_weight", "0", "--trainer.accelerator", "cpu",
+        *TINY_MODEL_ARGS, "--model.losses.patch_loss_weight", "0", "--trainer.accelerator", "cpu",
         "--trainer.max_epochs", "1", *extra,
     ]  # fmt: skip
 
@@ -73,7 +73,7 @@ def test_multilabel_fit_through_the_cli_with_bad_rows_skipped_and_reported(tmp_p
     assert model.task == "multilabel" and model.hparams.num_classes == 3 and model.class_names == LABELS
     metrics = cli.trainer.callback_metrics
     assert {"val/auroc", *(f"val/auroc_{name}" for name in LABELS)} <= set(metrics)
-    assert "val/weighted_log_loss" not in metrics  # only with --model.label_weights
+    assert "val/weighted_log_loss" not in metrics  # only with --model.labels.label_weights
 
     assert cli.datamodule.bad_rows_report == run_dir(cli.trainer) / "bad_files.csv"
     report = pd.read_csv(cli.datamodule.bad_rows_report)
@@ -99,7 +99,7 @@ def test_labels_beyond_num_classes_are_named_before_fit(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     names = write_slices(tmp_path, 4)
     manifest = write_csv(tmp_path, ["image", "label"], [[name, [0, 1, 3, 2][i]] for i, name in enumerate(names)])
-    with pytest.raises(ValueError, match=r"lines 4, 5; set --model.num_classes 4"):
+    with pytest.raises(ValueError, match=r"lines 4, 5; set --model.labels.num_classes 4"):
         main(run_args(manifest, "--trainer.logger", "false"))
 
 

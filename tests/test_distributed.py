@@ -116,7 +116,7 @@ def test_two_process_fit_and_validate(tmp_path):
     probe = ["--trainer.callbacks+=test_distributed.RecordIndices", "--trainer.callbacks.folder", str(tmp_path / "rec")]
     ddp = ["--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp"]
     common = manifest_args(manifest, batch_size=2)
-    fit_args = ["--trainer.max_epochs", "1", "--model.grad_checkpointing", "true"]
+    fit_args = ["--trainer.max_epochs", "1", "--model.optimisation.grad_checkpointing", "true"]
     _vit_ct("fit", *common, *ddp, *probe, *fit_args, cwd=tmp_path)
 
     fit = [json.loads((tmp_path / "rec" / f"fit-rank{r}.json").read_text()) for r in (0, 1)]

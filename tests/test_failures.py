@@ -50,7 +50,7 @@ def _checkpoint(path: Path) -> Path:
     """A tiny model's checkpoint, as `vit-ct fit` writes it (in_chans 1: the brain window of manifest_args)."""
     torch.manual_seed(0)
     trainer = quiet_trainer()
-    trainer.strategy.connect(ViTClassifier(**TINY))
+    trainer.strategy.connect(ViTClassifier.from_hparams(**TINY))
     trainer.save_checkpoint(path)
     return path
 
@@ -287,8 +287,8 @@ def test_predict_options_are_refused_elsewhere(tmp_path, option):
 
 @pytest.mark.parametrize("lr", [0.0, -1e-3, float("nan"), float("inf")])
 def test_lr_must_be_positive_and_finite(lr):
-    with pytest.raises(ValueError, match=r"model.lr must be a finite number > 0"):
-        ViTClassifier(**TINY, lr=lr)
+    with pytest.raises(ValueError, match=r"model.optimisation.lr must be a finite number > 0"):
+        ViTClassifier.from_hparams(**TINY, lr=lr)
 
 
 @pytest.mark.medium
@@ -297,7 +297,7 @@ def test_bad_ckpt_path_is_named_with_what_was_expected(data, tmp_path):
     truncated = tmp_path / "truncated.ckpt"
     truncated.write_bytes(ckpt.read_bytes()[: ckpt.stat().st_size // 2])  # a copy interrupted half-way
     state_dict = tmp_path / "weights.pth"
-    torch.save(ViTClassifier(**TINY).vit.state_dict(), state_dict)  # a network's weights, not a checkpoint
+    torch.save(ViTClassifier.from_hparams(**TINY).vit.state_dict(), state_dict)  # a network's weights, not a checkpoint
     text = tmp_path / "notes.ckpt"
     text.write_text("not a checkpoint\n")
     for path, expected in [(truncated, "not a torch.save archive"), (text, "not a torch.save archive"),
@@ -317,10 +317,10 @@ def _command(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_an_error_prints_its_message_not_a_traceback(tmp_path):
     manifest = write_npy_manifest(tmp_path / "data", train=2, val=2)
-    args = ["fit", *manifest_args(manifest), *NO_LOGGER, "--model.lr", "0"]
+    args = ["fit", *manifest_args(manifest), *NO_LOGGER, "--model.optimisation.lr", "0"]
     plain = _command(*args, cwd=tmp_path)
     assert plain.returncode == 1
-    assert "vit-ct: error: model.lr must be a finite number > 0" in plain.stderr
+    assert "vit-ct: error: model.optimisation.lr must be a finite number > 0" in plain.stderr
     assert "VIT_CT_DEBUG=1" in plain.stderr and "Traceback" not in plain.stderr
     for debug in (_command(*args, "--debug", cwd=tmp_path), _command(*args, cwd=tmp_path, VIT_CT_DEBUG="1")):
         assert debug.returncode == 1 and "Traceback (most recent call last)" in debug.stderr

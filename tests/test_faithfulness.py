@@ -59,7 +59,7 @@ def test_curve_area_over_the_fraction_of_patches(fb):
 
 def test_benchmark_runs_end_to_end(fb, synthetic_set, tmp_path):
     torch.manual_seed(0)
-    model = ViTClassifier(**DEMO_LEVERS, img_size=32, in_chans=2, embed_dim=32, depth=2, num_heads=2)
+    model = ViTClassifier.from_hparams(**DEMO_LEVERS, img_size=32, in_chans=2, embed_dim=32, depth=2, num_heads=2)
     ckpt = tmp_path / "tiny.ckpt"
     checkpoint = {"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams)}
     torch.save({**checkpoint, "pytorch-lightning_version": L.__version__}, ckpt)
@@ -96,7 +96,7 @@ def test_grad_cam_reads_the_full_patch_grid_of_a_model_that_skips_air(fb):
     """The model lets air patches skip its blocks; Grad-CAM runs the same function with every token in the blocks,
     so it gets the same logits and a map on the whole grid."""
     tiny = {"img_size": 32, "patch_size": 8, "embed_dim": 32, "depth": 2, "num_heads": 2, "in_chans": 2}
-    model = ViTClassifier(**DEMO_LEVERS, **tiny).eval()
+    model = ViTClassifier.from_hparams(**DEMO_LEVERS, **tiny).eval()
     images = torch.zeros(2, 2, 32, 32)
     images[0, :, 8:, 8:24] = 0.5
     images[1, :, 16:24, 8:16] = 0.5  # one content patch: the batch runs padded, air masked

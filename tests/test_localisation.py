@@ -155,7 +155,9 @@ def _tiny_batch(B=4, size=32):
 
 def test_maps_on_the_model_grid():
     torch.manual_seed(0)
-    model = ViTClassifier(**DEMO_LEVERS, img_size=32, in_chans=1, embed_dim=32, depth=2, num_heads=2).eval()
+    model = ViTClassifier.from_hparams(
+        **DEMO_LEVERS, img_size=32, in_chans=1, embed_dim=32, depth=2, num_heads=2
+    ).eval()
     batch = _tiny_batch()
     maps = localisation_maps(model, batch)
     assert {k: tuple(v.shape) for k, v in maps.items()} == {
@@ -169,7 +171,9 @@ def test_maps_on_the_model_grid():
 
 def test_model_scores_positive_slices_with_masks():
     torch.manual_seed(0)
-    model = ViTClassifier(**DEMO_LEVERS, img_size=32, in_chans=1, embed_dim=32, depth=2, num_heads=2).eval()
+    model = ViTClassifier.from_hparams(
+        **DEMO_LEVERS, img_size=32, in_chans=1, embed_dim=32, depth=2, num_heads=2
+    ).eval()
     with torch.no_grad(), pytest.warns(UserWarning, match="self.log"):  # no trainer attached: logging is skipped
         model.validation_step(_tiny_batch(), 0)
     localisation = model.map_metrics["val"].localisation

@@ -1,18 +1,15 @@
 """benchmarks/maps.py: every variant names every lever the model takes, and the table's mean and worst seed."""
 
-import inspect
-
 from benchmarks import maps
-from vit_ct.task import ViTClassifier
+from vit_ct.task.settings import group_of
 
 
 def test_every_variant_sets_every_lever_by_its_model_argument():
-    parameters = inspect.signature(ViTClassifier).parameters
-    assert all(lever in parameters for lever in maps.LEVERS)
+    assert all(group_of(lever) is not None for lever in maps.LEVERS)  # each a setting of the model
     for variant in maps.VARIANTS:
         args = maps.variant_args(variant)
-        assert args[::2] == [f"--model.{lever}" for lever in maps.LEVERS]
-    assert maps.variant_args("baseline (every patch a key)")[:2] == ["--model.mask_air", "false"]
+        assert args[::2] == [f"--model.{group_of(lever)}.{lever}" for lever in maps.LEVERS]
+    assert maps.variant_args("baseline (every patch a key)")[:2] == ["--model.network.mask_air", "false"]
 
 
 def test_mean_and_worst_seed_by_direction():

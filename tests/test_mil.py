@@ -8,8 +8,10 @@ import math
 import pytest
 import torch
 
+from vit_ct.model.architecture import Network
 from vit_ct.task import ViTClassifier
 from vit_ct.task.losses import PatchLosses, evidence_share, lesion_share, mil_logit, mil_loss
+from vit_ct.task.settings import GuidingLosses
 
 
 def test_mil_logit_is_the_log_sum_exp_mean_over_the_patches_that_hold_something():
@@ -77,8 +79,10 @@ def test_labels_alone_teach_the_patch_head_where_the_lesion_is():
     """MIL on slice labels only (no masks): after a few steps the patch evidence peaks on the bright patch of the
     positive slices, and the loss appears in the model's losses."""
     torch.manual_seed(0)
-    model = ViTClassifier(img_size=32, patch_size=8, in_chans=1, embed_dim=32, depth=2, num_heads=2, drop_path_rate=0.0,
-                          patch_loss_weight=0.0, attention_loss_weight=0.0, mil_loss_weight=1.0)  # fmt: skip
+    model = ViTClassifier(
+        network=Network(img_size=32, patch_size=8, in_chans=1, embed_dim=32, depth=2, num_heads=2),
+        losses=GuidingLosses(mil_loss_weight=1.0),
+    )
     image = 0.3 + 0.05 * torch.rand(16, 1, 32, 32)
     label = torch.tensor([1, 0] * 8)
     where = torch.randint(0, 16, (16,))

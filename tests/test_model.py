@@ -50,7 +50,9 @@ def test_the_demo_config_builds_the_demo_model():
 
 def test_logits_equal_timm_own_model():
     torch.manual_seed(0)
-    model = ViTClassifier(**{**TINY, "in_chans": 3, "drop_path_rate": 0.0}, stem="patch", num_classes=4).eval()
+    model = ViTClassifier.from_hparams(
+        **{**TINY, "in_chans": 3, "drop_path_rate": 0.0}, stem="patch", num_classes=4
+    ).eval()
     reference = timm.create_model(
         "vit_tiny_patch16_224",
         pretrained=False,
@@ -67,7 +69,7 @@ def test_logits_equal_timm_own_model():
 
 
 def test_attention_dropout_is_after_softmax():
-    model = ViTClassifier(**TINY, attn_drop_rate=0.25)
+    model = ViTClassifier.from_hparams(**TINY, attn_drop_rate=0.25)
     assert model.vit.blocks[0].attn.attn_drop.p == 0.25
 
 
@@ -111,7 +113,9 @@ def test_patch_loss_skips_positive_slices_without_mask():
 
 def test_the_model_adds_its_patch_head_loss_weighted():
     torch.manual_seed(0)
-    model = ViTClassifier(**{**TINY, "patch_loss_weight": 0.5, "attention_loss_weight": 0.0, "drop_path_rate": 0.0})
+    model = ViTClassifier.from_hparams(
+        **{**TINY, "patch_loss_weight": 0.5, "attention_loss_weight": 0.0, "drop_path_rate": 0.0}
+    )
     batch = _batch()
     total, logits, parts = model.losses(batch)
     tokens = model.vit.forward_features(batch["image"])
@@ -122,7 +126,7 @@ def test_the_model_adds_its_patch_head_loss_weighted():
 
 
 def test_no_weight_decay_on_norms_biases_and_embeddings():
-    model = ViTClassifier(**TINY)
+    model = ViTClassifier.from_hparams(**TINY)
     groups = model.param_groups()
     decayed = {id(p) for g in groups if g["weight_decay"] > 0 for p in g["params"]}
     assert id(model.vit.pos_embed) not in decayed and id(model.vit.cls_token) not in decayed
@@ -133,7 +137,7 @@ def test_no_weight_decay_on_norms_biases_and_embeddings():
 
 
 def test_layer_decay_scales_early_blocks_down():
-    model = ViTClassifier(**TINY, layer_decay=0.5, lr=1.0)
+    model = ViTClassifier.from_hparams(**TINY, layer_decay=0.5, lr=1.0)
     lrs = {id(p): g.get("lr", 1.0) for g in model.param_groups() for p in g["params"]}
     assert lrs[id(model.vit.head.weight)] == pytest.approx(1.0)
     assert lrs[id(model.vit.blocks[1].attn.qkv.weight)] == pytest.approx(0.5)
@@ -150,9 +154,9 @@ def test_warmup_cosine_schedule():
 
 def test_probabilities_by_task():
     logits = torch.tensor([[0.0, 0.0], [0.0, 2.0]])
-    binary = ViTClassifier(**TINY)
+    binary = ViTClassifier.from_hparams(**TINY)
     torch.testing.assert_close(binary.probabilities(logits), torch.tensor([0.5, torch.sigmoid(torch.tensor(2.0))]))
-    multilabel = ViTClassifier(**TINY, multilabel=True)
+    multilabel = ViTClassifier.from_hparams(**TINY, multilabel=True)
     torch.testing.assert_close(multilabel.probabilities(logits), logits.sigmoid())
 
 
@@ -168,7 +172,7 @@ def test_probabilities_by_task():
 )
 def test_bad_arguments_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        ViTClassifier(**{**TINY, **kwargs})
+        ViTClassifier.from_hparams(**{**TINY, **kwargs})
 
 
 def saved_timm_vit(tmp_path, **kwargs):
@@ -182,7 +186,7 @@ def saved_timm_vit(tmp_path, **kwargs):
 
 def test_weights_from_timm_state_dict_adapt_channels_grid_and_head(tmp_path):
     source, path = saved_timm_vit(tmp_path, num_classes=1000, in_chans=3, img_size=64)
-    model = ViTClassifier(**TINY, stem="patch", num_classes=2, weights=str(path))
+    model = ViTClassifier.from_hparams(**TINY, stem="patch", num_classes=2, weights=str(path))
     state = source.state_dict()
     torch.testing.assert_close(model.vit.blocks[1].mlp.fc1.weight, state["blocks.1.mlp.fc1.weight"])
     # RGB kernels summed into one channel
@@ -194,19 +198,19 @@ def test_weights_from_timm_state_dict_adapt_channels_grid_and_head(tmp_path):
 
 def test_weights_from_vit_ct_checkpoint_and_bad_files(tmp_path):
     torch.manual_seed(0)
-    trained = ViTClassifier(**TINY)
+    trained = ViTClassifier.from_hparams(**TINY)
     ckpt = tmp_path / "model.ckpt"
     torch.save({"state_dict": trained.state_dict(), "hyper_parameters": dict(trained.hparams)}, ckpt)
-    fresh = ViTClassifier(**TINY, weights=str(ckpt)).eval()
+    fresh = ViTClassifier.from_hparams(**TINY, weights=str(ckpt)).eval()
     x = torch.randn(2, 1, 32, 32)
     torch.testing.assert_close(fresh(x), trained.eval()(x))
     torch.testing.assert_close(fresh.patch_head.weight, trained.patch_head.weight)
     with pytest.raises(ValueError, match="does not exist"):
-        ViTClassifier(**TINY, weights=str(tmp_path / "missing.ckpt"))
+        ViTClassifier.from_hparams(**TINY, weights=str(tmp_path / "missing.ckpt"))
     other = tmp_path / "other.ckpt"
-    torch.save(ViTClassifier(**{**TINY, "embed_dim": 64}).state_dict(), other)
+    torch.save(ViTClassifier.from_hparams(**{**TINY, "embed_dim": 64}).state_dict(), other)
     with pytest.raises(ValueError, match="does not fit"):
-        ViTClassifier(**TINY, weights=str(other))
+        ViTClassifier.from_hparams(**TINY, weights=str(other))
 
 
 def test_weights_never_execute_pickled_code(tmp_path):
@@ -215,15 +219,15 @@ def test_weights_never_execute_pickled_code(tmp_path):
             return (exec, ("import pathlib; pathlib.Path('%s').write_text('pwned')" % (tmp_path / "pwned"),))
 
     path = tmp_path / "evil.ckpt"
-    torch.save({"state_dict": ViTClassifier(**TINY).state_dict(), "payload": Payload()}, path)
+    torch.save({"state_dict": ViTClassifier.from_hparams(**TINY).state_dict(), "payload": Payload()}, path)
     with pytest.raises(ValueError, match="cannot read"):
-        ViTClassifier(**TINY, weights=str(path))
+        ViTClassifier.from_hparams(**TINY, weights=str(path))
     assert not (tmp_path / "pwned").exists()
 
 
 def test_conv_stem_keeps_the_token_grid_and_loads_timm_blocks(tmp_path):
     source, path = saved_timm_vit(tmp_path, num_classes=2, in_chans=1, img_size=32)
-    model = ViTClassifier(**TINY, stem="conv", weights=str(path))
+    model = ViTClassifier.from_hparams(**TINY, stem="conv", weights=str(path))
     assert model.vit.patch_embed.grid_size == (2, 2) and model.vit.patch_embed.patch_size == (16, 16)
     tokens = model.vit.patch_embed(torch.randn(3, 1, 32, 32))
     assert tokens.shape == (3, 4, 32)  # one token per 16x16 patch, as the linear embedding
@@ -234,12 +238,14 @@ def test_conv_stem_keeps_the_token_grid_and_loads_timm_blocks(tmp_path):
 
 def test_label_weights_need_multilabel_outputs_of_the_same_number():
     with pytest.raises(ValueError, match="label_weights"):
-        ViTClassifier(embed_dim=32, depth=1, num_heads=2, img_size=32, label_weights=[1.0, 2.0])  # not multi-label
+        ViTClassifier.from_hparams(
+            embed_dim=32, depth=1, num_heads=2, img_size=32, label_weights=[1.0, 2.0]
+        )  # not multi-label
     with pytest.raises(ValueError, match="label_weights"):
-        ViTClassifier(embed_dim=32, depth=1, num_heads=2, img_size=32, multilabel=True, num_classes=3,
+        ViTClassifier.from_hparams(embed_dim=32, depth=1, num_heads=2, img_size=32, multilabel=True, num_classes=3,
                       label_weights=[1.0, 2.0])  # fmt: skip
-    model = ViTClassifier(embed_dim=32, depth=1, num_heads=2, img_size=32, multilabel=True, num_classes=2,
+    model = ViTClassifier.from_hparams(embed_dim=32, depth=1, num_heads=2, img_size=32, multilabel=True, num_classes=2,
                           label_weights=[1.0, 2.0])  # fmt: skip
     assert "weighted_log_loss" in model.metrics["val"]
-    assert "weighted_log_loss" not in ViTClassifier(embed_dim=32, depth=1, num_heads=2, img_size=32,
+    assert "weighted_log_loss" not in ViTClassifier.from_hparams(embed_dim=32, depth=1, num_heads=2, img_size=32,
                                                         multilabel=True, num_classes=2).metrics["val"]  # fmt: skip

@@ -272,7 +272,8 @@ def test_the_round_trip_stores_every_dicom_object_predict_wrote_into_the_study(o
     run = subprocess.run(
         [sys.executable, "-m", "vit_ct", "pacs", orthanc, "--study", study, "--ckpt_path", str(tmp_path / "tiny.ckpt"),
          "--config", str(ROOT / "configs" / "demo.yaml"), "--config", str(ROOT / "configs" / "manifest.yaml"),
-         "--output_dir", str(out), "--model.embed_dim", "32", "--model.depth", "2", "--model.num_heads", "2",
+         "--output_dir", str(out), "--model.network.embed_dim", "32", "--model.network.depth", "2",
+         "--model.network.num_heads", "2",
          "--data.init_args.img_size", "32", "--data.init_args.windows", "[brain]", "--data.init_args.num_workers",
          "0", "--trainer.logger", "false"],
         capture_output=True, text=True, timeout=600, cwd=tmp_path,

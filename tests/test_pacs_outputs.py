@@ -134,7 +134,7 @@ def test_a_signal_during_predict_ends_pacs_in_one_line_with_nothing_stored(ortha
     out, ready = tmp_path / "out", tmp_path / "ready"
     args = ["pacs", orthanc, "--study", study, "--ckpt_path", str(tmp_path / "tiny.ckpt"), "--config",
             str(root / "configs" / "demo.yaml"), "--config", str(root / "configs" / "manifest.yaml"), "--output_dir",
-            str(out), "--model.embed_dim", "32", "--model.depth", "2", "--model.num_heads", "2",
+            str(out), "--model.network.embed_dim", "32", "--model.network.depth", "2", "--model.network.num_heads", "2",
             "--data.init_args.img_size", "32", "--data.init_args.windows", "[brain]", "--data.init_args.num_workers",
             "0", "--data.init_args.batch_size", "1", "--trainer.logger", "false", *PAUSE]  # fmt: skip
     status, output = _terminate_when_ready(_run(args, tmp_path, ready=ready), ready, group=group, signum=signum)

@@ -90,7 +90,7 @@ def test_the_vit_read_to_the_pixel_is_its_rollout_spread_by_its_own_gradient(shi
     the unshifted pass is autograd's gradient x input of the lesion log-odds; the logits are the plain forward's;
     under inference_mode, as predict runs, and without touching the parameters' gradients."""
     torch.manual_seed(0)
-    model = ViTClassifier(**DEMO_LEVERS, img_size=32, in_chans=1, embed_dim=32, depth=2, num_heads=2)
+    model = ViTClassifier.from_hparams(**DEMO_LEVERS, img_size=32, in_chans=1, embed_dim=32, depth=2, num_heads=2)
     model.eval()
     image = _batch()["image"]
     cells = model.explained(image, reading=MapReading(shifts=shifts)).rollout
@@ -114,7 +114,9 @@ def test_the_vit_read_to_the_pixel_is_its_rollout_spread_by_its_own_gradient(shi
 
 def test_infer_scores_the_pixel_map_and_its_ceiling_is_the_mask():
     torch.manual_seed(0)
-    model = ViTClassifier(**DEMO_LEVERS, img_size=32, in_chans=1, embed_dim=32, depth=2, num_heads=2).eval()
+    model = ViTClassifier.from_hparams(
+        **DEMO_LEVERS, img_size=32, in_chans=1, embed_dim=32, depth=2, num_heads=2
+    ).eval()
     assert "map_pixels" not in model.hparams  # set per command, as map_shifts
     inference = infer(model, _batch(), MapReading(shifts=2, pixels=True))
     assert inference.rollout.shape == (2, 32, 32)
@@ -125,7 +127,9 @@ def test_infer_scores_the_pixel_map_and_its_ceiling_is_the_mask():
 
 def test_a_multiclass_model_is_read_to_the_pixel_by_its_p_lesion():
     torch.manual_seed(0)
-    model = ViTClassifier(**DEMO_LEVERS, img_size=32, in_chans=2, embed_dim=32, depth=1, num_heads=2, num_classes=3)
+    model = ViTClassifier.from_hparams(
+        **DEMO_LEVERS, img_size=32, in_chans=2, embed_dim=32, depth=1, num_heads=2, num_classes=3
+    )
     explained = model.eval().explained(_batch(channels=2)["image"], reading=MapReading(pixels=True))
     assert explained.rollout.shape == (2, 32, 32) and explained.relevance.abs().sum() > 0
 
@@ -143,7 +147,9 @@ def test_predict_writes_the_pixel_map_and_the_review_reads_the_same(synthetic_se
     from vit_ct.predict.writer import PredictionWriter
 
     torch.manual_seed(0)
-    model = ViTClassifier(**DEMO_LEVERS, img_size=32, in_chans=2, embed_dim=32, depth=2, num_heads=2).eval()
+    model = ViTClassifier.from_hparams(
+        **DEMO_LEVERS, img_size=32, in_chans=2, embed_dim=32, depth=2, num_heads=2
+    ).eval()
     windows = {"data": {"init_args": {"windows": ["brain", "subdural"]}}}
     data = review.review_datamodule(model, synthetic_set, split="test", batch_size=3, config=windows)
     reading = MapReading(shifts=2, pixels=True)
@@ -165,7 +171,7 @@ def test_the_test_step_scores_the_pixel_map_under_inference_mode():
     from conftest import quiet_trainer
 
     torch.manual_seed(0)
-    model = ViTClassifier(**DEMO_LEVERS, img_size=32, in_chans=1, embed_dim=32, depth=2, num_heads=2)
+    model = ViTClassifier.from_hparams(**DEMO_LEVERS, img_size=32, in_chans=1, embed_dim=32, depth=2, num_heads=2)
     trainer = quiet_trainer(callbacks=[ReadMaps(MapReading(shifts=2, pixels=True))])
     trainer.test(model, dataloaders=torch.utils.data.DataLoader([_batch()], batch_size=None), verbose=False)
     values = {k: float(v) for k, v in trainer.callback_metrics.items()}

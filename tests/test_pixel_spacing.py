@@ -102,7 +102,7 @@ def _validated(manifest, model):
 
 def test_validation_names_its_units_and_the_column_turns_them_into_mm(tmp_path):
     torch.manual_seed(0)
-    model = ViTClassifier(**TINY).eval()
+    model = ViTClassifier.from_hparams(**TINY).eval()
     manifest = write_npy_manifest(tmp_path / "npy", train=2, val=8)
     logged, said = _validated(manifest, model)
     scored = int(logged["val/rollout_slices"])
@@ -122,7 +122,7 @@ def test_validation_names_its_units_and_the_column_turns_them_into_mm(tmp_path):
 
 def test_predictions_name_the_distance_they_measured(tmp_path):
     torch.manual_seed(0)
-    model = ViTClassifier(**TINY).eval()
+    model = ViTClassifier.from_hparams(**TINY).eval()
     manifest = write_npy_manifest(tmp_path / "npy", train=0, val=0, test=4)
     written = {}
     for name, spacing in (("pixels", None), ("mm", "0.45")):

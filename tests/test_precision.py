@@ -29,7 +29,7 @@ def _batch(seed: int = 0, size: int = 4) -> dict:
 
 def test_bf16_autocast_keeps_losses_and_metric_inputs_float32_and_close():
     torch.manual_seed(0)
-    model = ViTClassifier(**{**TINY, "drop_path_rate": 0.0}).eval()
+    model = ViTClassifier.from_hparams(**{**TINY, "drop_path_rate": 0.0}).eval()
     batch = _batch()
     with torch.no_grad():
         loss32, logits32, _ = model.losses(batch)
@@ -46,8 +46,8 @@ def test_bf16_autocast_keeps_losses_and_metric_inputs_float32_and_close():
 
 def test_grad_checkpointing_gives_the_same_gradients():
     torch.manual_seed(0)
-    plain = ViTClassifier(**{**TINY, "drop_path_rate": 0.0})
-    checkpointed = ViTClassifier(**{**TINY, "drop_path_rate": 0.0}, grad_checkpointing=True)
+    plain = ViTClassifier.from_hparams(**{**TINY, "drop_path_rate": 0.0})
+    checkpointed = ViTClassifier.from_hparams(**{**TINY, "drop_path_rate": 0.0}, grad_checkpointing=True)
     checkpointed.load_state_dict(plain.state_dict())
     assert checkpointed.vit.grad_checkpointing and not plain.vit.grad_checkpointing
     batch = _batch(1)

@@ -52,10 +52,10 @@ def _build(tag: str, home: Path, out: Path, *options: str) -> subprocess.Complet
                           capture_output=True, text=True, timeout=300)  # fmt: skip
 
 
-@pytest.mark.parametrize("options", [("--model.stem", "patch"), ()], ids=["stem-patch", "stem-unset"])
+@pytest.mark.parametrize("options", [("--model.network.stem", "patch"), ()], ids=["stem-patch", "stem-unset"])
 def test_pretrained_tag_loads_from_the_hub_cache_adapted(hub_cache, tmp_path, options):
-    """With ``--model.stem patch``, or without (the tag's linear patch embedding then builds the patch stem, in one
-    line; the default conv stem would have started from scratch)."""
+    """With ``--model.network.stem patch``, or without (the tag's linear patch embedding then builds the patch stem, in
+    one line; the default conv stem would have started from scratch)."""
     home, saved = hub_cache
     result = _build(TAG, home, tmp_path / "model.pt", *options)
     assert result.returncode == 0, result.stderr[-3000:]

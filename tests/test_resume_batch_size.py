@@ -47,7 +47,7 @@ def _fit(folder: Path, manifest: Path, batch_size: int, *, epochs: int, ckpt: Pa
         max_epochs=epochs, default_root_dir=folder, enable_checkpointing=True, callbacks=[seen, ResumeState(), *saving]
     )
     data = CTSliceDataModule(str(manifest), windows="brain", img_size=32, batch_size=batch_size, num_workers=0)
-    trainer.fit(ViTClassifier(**TINY), datamodule=data, ckpt_path=ckpt)
+    trainer.fit(ViTClassifier.from_hparams(**TINY), datamodule=data, ckpt_path=ckpt)
     return trainer, seen
 
 

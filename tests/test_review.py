@@ -181,7 +181,9 @@ def test_localisation_scores_are_the_metric_per_slice():
 @pytest.fixture(scope="module")
 def tiny(synthetic_set):
     torch.manual_seed(0)
-    model = ViTClassifier(**DEMO_LEVERS, img_size=32, in_chans=2, embed_dim=32, depth=2, num_heads=2).eval()
+    model = ViTClassifier.from_hparams(
+        **DEMO_LEVERS, img_size=32, in_chans=2, embed_dim=32, depth=2, num_heads=2
+    ).eval()
     data = review.review_datamodule(model, synthetic_set, split="test", batch_size=3, config=WINDOWS)
     table = review.run_review(model, data, progress=False, reading=ONE_PASS)  # as the trainers below read (no ReadMaps)
     return model, data, table

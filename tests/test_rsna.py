@@ -126,7 +126,7 @@ def test_weighted_log_loss_matches_the_competition_definition():
     probs[0, 0], target[0, 0] = 0.0, 1  # a confident mistake: clipped to 1e-15, finite
     recipe = yaml.safe_load((ROOT / "configs" / "rsna_ich.yaml").read_text())
     assert recipe["data"]["init_args"]["label_columns"] == list(RSNA_LABELS)  # the weights' order
-    weights = np.array(recipe["model"]["label_weights"])
+    weights = np.array(recipe["model"]["labels"]["label_weights"])
     assert weights.tolist() == [2.0 if label == "any" else 1.0 for label in RSNA_LABELS]
     clipped = np.clip(probs, 1e-15, 1 - 1e-15)
     bce = -(target * np.log(clipped) + (1 - target) * np.log(1 - clipped))

@@ -26,7 +26,7 @@ SHIPPED = "vit-ct/headct-tiny-256"  # trained: ViT-Ti/16, 6 blocks, conv stem, 2
 @pytest.fixture(scope="module")
 def shipped():
     """The shipped weights and four simulated slices of two patients as the weights read them (image, head)."""
-    model = ViTClassifier(pretrained=SHIPPED).eval()
+    model = ViTClassifier.from_hparams(pretrained=SHIPPED).eval()
     slices = [s for patient in range(2) for s in simulate_cohort_patient(0, patient, 2, acquire=False)]
     hu = torch.stack([grid_hu(s.hu, 256) for s in slices])  # (4, 1, 256, 256)
     return model, apply_windows({"hu": hu}, model.input_contract.windows)
@@ -86,7 +86,9 @@ def test_a_bare_timm_vit_goes_through_the_cascade_too():
     check = model_randomisation(vit.eval(), torch.rand(3, 3, 32, 32), explain_rollout)
     assert check.maps.shape == (6, 1, 2, 2)  # steps, examples, patch grid
     # a module beside the ViT in the network (vit-ct's patch head) is re-initialised with the head
-    model = ViTClassifier(img_size=32, in_chans=1, embed_dim=32, depth=2, num_heads=2, patch_loss_weight=1.0)
+    model = ViTClassifier.from_hparams(
+        img_size=32, in_chans=1, embed_dim=32, depth=2, num_heads=2, patch_loss_weight=1.0
+    )
     assert cascade_steps(model)[0].modules == ("vit.norm", "vit.head", "patch_head")
 
 
@@ -110,7 +112,7 @@ def test_the_fully_randomised_copy_is_as_timm_initialises_and_the_caller_keeps_i
 def test_reinitialising_is_seeded_and_leaves_the_random_state_alone(shipped):
     model, _ = shipped
     head = cascade_steps(model)[1]  # block 5
-    copies = [ViTClassifier(pretrained=SHIPPED) for _ in range(3)]
+    copies = [ViTClassifier.from_hparams(pretrained=SHIPPED) for _ in range(3)]
     state = torch.random.get_rng_state()
     for copy, seed in zip(copies, (3, 3, 4), strict=True):
         reinitialise(copy, head, seed=seed)
@@ -157,7 +159,7 @@ def test_the_check_repeats_exactly_and_draws_its_figure(shipped, rollout_check):
 
 def test_the_command_writes_the_numbers_and_the_figure(tmp_path, capsys):
     manifest = write_npy_manifest(tmp_path / "data", train=2, val=2, test=4)
-    model = ViTClassifier(img_size=32, in_chans=1, embed_dim=32, depth=2, num_heads=2)
+    model = ViTClassifier.from_hparams(img_size=32, in_chans=1, embed_dim=32, depth=2, num_heads=2)
     trainer = quiet_trainer()
     trainer.strategy.connect(model)
     trainer.save_checkpoint(tmp_path / "tiny.ckpt")

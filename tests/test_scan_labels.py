@@ -248,7 +248,7 @@ def test_fit_from_scan_labels_through_the_command(tmp_path):
     manifest = _scan_labelled(tmp_path, train=12, val=6, test=6)
     record = tmp_path / "labels.jsonl"
     run = _fit(tmp_path, *manifest_args(manifest, batch_size=4), *TINY_MODEL_ARGS, "--trainer.max_epochs", "2",
-               "--model.mil_loss_weight", "1.0", "--test_after_fit", "true", *BEST_BY_VAL_AUROC,
+               "--model.losses.mil_loss_weight", "1.0", "--test_after_fit", "true", *BEST_BY_VAL_AUROC,
                "--trainer.callbacks+=probes.RecordLabels", "--trainer.callbacks.path", str(record))  # fmt: skip
     lines = [json.loads(line) for line in record.read_text().splitlines()]
     batches = [line for line in lines if "batch" in line]

@@ -78,7 +78,9 @@ def test_one_pass_is_the_plain_rollout_exactly():
     torch.manual_seed(0)
     maps = torch.rand(2, 3, 3)
     assert torch.equal(combine_shifted([maps], 16, 1), maps)
-    model = ViTClassifier(**DEMO_LEVERS, img_size=32, in_chans=1, embed_dim=32, depth=2, num_heads=2).eval()
+    model = ViTClassifier.from_hparams(
+        **DEMO_LEVERS, img_size=32, in_chans=1, embed_dim=32, depth=2, num_heads=2
+    ).eval()
     image = torch.rand(2, 1, 32, 32)
     logits, plain = rollout_with_output(model, image)
     explained = model.explained(image)
@@ -121,7 +123,7 @@ def test_the_vit_read_over_shifted_grids_end_to_end():
     combined; P(lesion) stays the unshifted pass's, prob_tta is the mean over the four; the ceiling of the finer grid
     is scored beside the patch grid's."""
     torch.manual_seed(0)
-    model = ViTClassifier(**DEMO_LEVERS, img_size=64, in_chans=1, embed_dim=32, depth=2, num_heads=2)
+    model = ViTClassifier.from_hparams(**DEMO_LEVERS, img_size=64, in_chans=1, embed_dim=32, depth=2, num_heads=2)
     model.eval()
     assert model.vit.mask_air and not hasattr(model, "map_shifts")  # chosen per command, handed to each step
     batch = _ct_batch()
@@ -154,7 +156,7 @@ def test_test_metrics_score_the_finer_map_and_both_ceilings():
     from conftest import quiet_trainer
 
     torch.manual_seed(0)
-    model = ViTClassifier(**DEMO_LEVERS, img_size=64, in_chans=1, embed_dim=32, depth=2, num_heads=2)
+    model = ViTClassifier.from_hparams(**DEMO_LEVERS, img_size=64, in_chans=1, embed_dim=32, depth=2, num_heads=2)
     loader = torch.utils.data.DataLoader([_ct_batch()], batch_size=None)
     quiet_trainer(callbacks=[ReadMaps(MapReading(shifts=2))]).test(model, dataloaders=loader, verbose=False)
     logged = {k: float(v) for k, v in model.trainer.callback_metrics.items()}
@@ -170,7 +172,9 @@ def test_map_shifts_must_divide_the_patch():
             MapReading(shifts=bad)
     with pytest.raises(ValueError, match="dividing patch_size"):
         MapReading(shifts=3).check(16)
-    model = ViTClassifier(**DEMO_LEVERS, img_size=32, in_chans=1, embed_dim=32, depth=1, num_heads=2).eval()
+    model = ViTClassifier.from_hparams(
+        **DEMO_LEVERS, img_size=32, in_chans=1, embed_dim=32, depth=1, num_heads=2
+    ).eval()
     with pytest.raises(ValueError, match="map_shifts"):
         model.explained(torch.zeros(1, 1, 32, 32), reading=MapReading(shifts=3))
 
@@ -186,7 +190,7 @@ def test_predict_writes_prob_tta_and_the_finer_ceiling_and_the_review_reads_the_
     from vit_ct.predict.writer import PredictionWriter
 
     torch.manual_seed(0)
-    model = ViTClassifier(**DEMO_LEVERS, img_size=32, in_chans=2, embed_dim=32, depth=2, num_heads=2)
+    model = ViTClassifier.from_hparams(**DEMO_LEVERS, img_size=32, in_chans=2, embed_dim=32, depth=2, num_heads=2)
     model.eval()
     windows = {"data": {"init_args": {"windows": ["brain", "subdural"]}}}
     data = review.review_datamodule(model, synthetic_set, split="test", batch_size=3, config=windows)
@@ -213,7 +217,7 @@ def test_predict_writes_prob_tta_and_the_finer_ceiling_and_the_review_reads_the_
 def test_a_checkpoint_does_not_carry_how_its_maps_are_read(tmp_path):
     torch.manual_seed(0)
     built = dict(DEMO_LEVERS, img_size=32, in_chans=1, embed_dim=32, depth=1, num_heads=2)
-    model = ViTClassifier(**built)
+    model = ViTClassifier.from_hparams(**built)
     assert not {"map_shifts", "map_pixels"} & set(model.hparams)
     path = tmp_path / "k.ckpt"
     contract = {"img_size": 32, "patch_size": 16, "in_chans": 1, "windows": [[40.0, 80.0]],

@@ -52,7 +52,7 @@ def test_export_writes_half_precision_weights_and_a_card_with_the_input_and_the_
 
 @pytest.mark.medium
 def test_shipped_weights_load_by_name_into_the_network_their_card_names(exported):
-    model = ViTClassifier(**DEMO_LEVERS, pretrained="vit-ct/tiny").eval()  # the card's input and network
+    model = ViTClassifier.from_hparams(**DEMO_LEVERS, pretrained="vit-ct/tiny").eval()  # the card's input and network
     assert (model.hparams.img_size, model.hparams.in_chans) == (32, 1)
     assert (len(model.vit.blocks), model.vit.embed_dim) == (2, 32)
     assert model.input_contract == shipped.input_contract("vit-ct/tiny")
@@ -61,23 +61,25 @@ def test_shipped_weights_load_by_name_into_the_network_their_card_names(exported
     torch.testing.assert_close(model.vit.blocks[0].mlp.fc1.weight, state["blocks.0.mlp.fc1.weight"].float())
     resampled = r"built for 1 channel\(s\) at 64 x 64, their position embeddings are resampled from 32 x 32"
     with pytest.warns(UserWarning, match=resampled):
-        resized = ViTClassifier(**DEMO_LEVERS, img_size=64, pretrained="vit-ct/tiny")  # another size: said
+        resized = ViTClassifier.from_hparams(**DEMO_LEVERS, img_size=64, pretrained="vit-ct/tiny")  # another size: said
     assert resized.input_contract != shipped.input_contract("vit-ct/tiny") and resized.input_contract.windows is None
     with pytest.raises(
         ValueError, match=r"vit-ct/nothing: no such weights ship with vit-ct; there are \['vit-ct/tiny'\]"
     ):
-        ViTClassifier(pretrained="vit-ct/nothing")
+        ViTClassifier.from_hparams(pretrained="vit-ct/nothing")
 
 
 @pytest.mark.medium
 def test_fit_from_shipped_weights_builds_their_network_and_follows_their_input(exported, caplog):
     manifest, _ = exported
     with caplog.at_level(logging.INFO):
-        cli = main(["fit", *manifest_args(manifest), *NO_LOGGER, "--trainer.max_epochs", "0", "--model.depth", "6",
-                    "--model.pretrained", "vit-ct/tiny"])  # fmt: skip
+        cli = main(["fit", *manifest_args(manifest), *NO_LOGGER, "--trainer.max_epochs", "0",
+                    "--model.network.depth", "6", "--model.pretrained", "vit-ct/tiny"])  # fmt: skip
     assert cli.datamodule.img_size == 32 and cli.datamodule.windows == [(40.0, 80.0)]
     assert len(cli.model.vit.blocks) == 2
-    assert any("model.depth: 2 (the network of the weights vit-ct/tiny" in r.getMessage() for r in caplog.records)
+    assert any(
+        "model.network.depth: 2 (the network of the weights vit-ct/tiny" in r.getMessage() for r in caplog.records
+    )
 
 
 @pytest.mark.medium
@@ -85,7 +87,7 @@ def test_a_command_with_a_checkpoint_ignores_the_start_weights_its_config_names(
     """configs/finetune.yaml names the shipped weights: predicting with a checkpoint of another network takes the
     checkpoint's network and weights, not the shipped ones."""
     manifest, _ = exported
-    main(["fit", *manifest_args(manifest), *NO_LOGGER, "--trainer.max_epochs", "1", "--model.depth", "1",
+    main(["fit", *manifest_args(manifest), *NO_LOGGER, "--trainer.max_epochs", "1", "--model.network.depth", "1",
           "--trainer.default_root_dir", str(tmp_path / "other")])  # fmt: skip
     other = tmp_path / "other" / "checkpoints" / "last.ckpt"
     with caplog.at_level(logging.INFO):

@@ -43,7 +43,7 @@ def test_attention_keys_are_the_prefix_and_every_patch_above_the_window_floor():
 
 
 def test_air_patches_get_no_attention_and_no_rollout():
-    model = ViTClassifier(**TINY, reg_tokens=2).eval()
+    model = ViTClassifier.from_hparams(**TINY, reg_tokens=2).eval()
     image = head_slice()
     with torch.no_grad(), record_attention(model) as attentions:
         model(image)
@@ -66,7 +66,7 @@ def test_logits_do_not_depend_on_anything_at_air_patches():
     """Masked as keys, an air patch's token never reaches another token: its position embedding cannot matter."""
     image = head_slice()
     for mask_air, unchanged in ((True, True), (False, False)):
-        model = ViTClassifier(**TINY, mask_air=mask_air).eval()
+        model = ViTClassifier.from_hparams(**TINY, mask_air=mask_air).eval()
         with torch.no_grad():
             before = model(image)
             noise = torch.randn(int(AIR.sum()), 32, generator=torch.Generator().manual_seed(2))
@@ -87,7 +87,7 @@ def uneven_air():
 def test_skipping_air_equals_timm_masked_forward_for_every_token_that_is_a_key():
     """Air patches skip the blocks: the class token and every content patch come out as in timm's forward with air
     masked as keys (where the air tokens do run, as queries nobody reads), and so do the logits."""
-    model = ViTClassifier(**TINY, reg_tokens=1).eval()
+    model = ViTClassifier.from_hparams(**TINY, reg_tokens=1).eval()
     image = uneven_air()
     keys = attention_keys(image, 8, model.vit.num_prefix_tokens)
     assert keys.sum(-1).flatten().tolist() == [2 + 6, 2 + 1]
@@ -112,7 +112,7 @@ def test_skipping_air_equals_timm_masked_forward_for_every_token_that_is_a_key()
 def test_gradient_rollout_and_the_attention_loss_see_through_skipped_air():
     """Gradients taken at the recorded (full-sequence) attention are the model's: gradient rollout equals that of
     timm's masked forward, and the attention loss trains the blocks."""
-    model = ViTClassifier(**TINY).eval()
+    model = ViTClassifier.from_hparams(**TINY).eval()
     image = uneven_air()
     keys = attention_keys(image, 8, model.vit.num_prefix_tokens)
 
@@ -156,7 +156,7 @@ def test_attention_on_a_token_subset_goes_to_the_full_sequence_by_hand():
 
 
 def test_masked_forward_with_and_without_checkpointing():
-    model = ViTClassifier(**TINY, mask_air=True)
+    model = ViTClassifier.from_hparams(**TINY, mask_air=True)
     image = uneven_air()
     model.train()
     plain = model(image).sum()
@@ -168,7 +168,7 @@ def test_masked_forward_with_and_without_checkpointing():
 
 
 def test_a_checkpoint_from_before_mask_air_runs_unmasked(tmp_path):
-    model = ViTClassifier(**TINY)
+    model = ViTClassifier.from_hparams(**TINY)
     hparams = {k: v for k, v in dict(model.hparams).items() if k != "mask_air"}
     path = tmp_path / "old.ckpt"
     torch.save(
@@ -283,7 +283,7 @@ def test_attention_loss_on_the_rollout_by_hand():
 
 def test_attention_loss_pulls_the_class_token_towards_the_lesion():
     torch.manual_seed(0)
-    model = ViTClassifier(**{**TINY, "attention_loss_weight": 1.0, "patch_loss_weight": 0.0})
+    model = ViTClassifier.from_hparams(**{**TINY, "attention_loss_weight": 1.0, "patch_loss_weight": 0.0})
     image = head_slice(4)
     mask = torch.zeros(4, 1, 32, 32)
     mask[:, 0, 16:24, 8:16] = 1  # patch (2, 1)
@@ -317,7 +317,7 @@ def test_demo_report_states_the_sink_beside_its_floor(tmp_path):
 def test_every_token_features_runs_every_token_through_the_blocks_at_the_same_logits():
     """The reference the skipping is timed against (benchmarks/air_tokens.py) and Grad-CAM reads: air masked as keys,
     but air tokens run through the blocks, with real attention rows."""
-    model = ViTClassifier(**TINY).eval()
+    model = ViTClassifier.from_hparams(**TINY).eval()
     image = head_slice()
     with torch.no_grad(), record_attention(model, head_fusion="mean") as attentions:
         logits = model.vit.forward_head(model.vit.forward_features_every_token(image))

@@ -16,6 +16,7 @@ from sklearn.metrics import roc_auc_score
 
 from vit_ct.sim.cohort import COHORT_STREAM, CohortConfig, draw_patient
 from vit_ct.task import ViTClassifier
+from vit_ct.task.settings import flat_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -75,7 +76,7 @@ def test_the_held_out_families_share_the_pretrainings_input_but_not_its_seeds(sd
 def test_the_fine_tuned_rows_train_the_readmes_recipe_read_from_its_config(sd):
     import argparse
 
-    config = yaml.safe_load((ROOT / "configs" / "finetune.yaml").read_text())["model"]
+    config = flat_config(yaml.safe_load((ROOT / "configs" / "finetune.yaml").read_text())["model"])
     args = argparse.Namespace(shipped=config["pretrained"], pretrained=None, demo=None, recipe_changes=None)
     recipe = {k: v for k, v in config.items() if k not in ("pretrained", "depth")}
     assert recipe["anchor_loss_weight"] > 0 and recipe["attention_loss_weight"] > 0 and recipe["evidence_attention"]
@@ -141,7 +142,7 @@ def test_statistics_floor_finds_a_global_brightness_difference(sd):
 @pytest.mark.slow
 def test_tiny_run_trains_every_kind_of_row_and_writes_its_table(sd, tmp_path):
     torch.manual_seed(0)
-    vit = ViTClassifier(**DEMO_LEVERS, stem="conv", depth=6, img_size=128, in_chans=2).vit
+    vit = ViTClassifier.from_hparams(**DEMO_LEVERS, stem="conv", depth=6, img_size=128, in_chans=2).vit
     pretrained = tmp_path / "pretrained.pth"
     torch.save(vit.state_dict(), pretrained)  # a timm state dict of the pretraining architecture
     out = tmp_path / "table.md"

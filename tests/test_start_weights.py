@@ -34,11 +34,11 @@ def timm_file(tmp_path):
 def test_a_linear_patch_embedding_builds_the_patch_stem_and_loads_into_it(timm_file):
     state, path = timm_file
     with pytest.warns(UserWarning) as caught:
-        model = ViTClassifier(**TINY, weights=str(path))
+        model = ViTClassifier.from_hparams(**TINY, weights=str(path))
     said = [str(w.message) for w in caught]
     assert said == [
         f"weights file {path} holds timm's linear patch embedding: the network is built with stem 'patch' so that it"
-        " loads (--model.stem conv starts a convolutional stem from scratch instead)",
+        " loads (--model.network.stem conv starts a convolutional stem from scratch instead)",
         f"weights file {path}: 4 tensors start from a fresh initialisation: the classifier head (2 outputs here, 1000"
         " in the weights); the patch head (not in the weights)",
     ]
@@ -52,7 +52,7 @@ def test_a_linear_patch_embedding_builds_the_patch_stem_and_loads_into_it(timm_f
 def test_a_conv_stem_asked_for_starts_afresh_and_is_named(timm_file):
     state, path = timm_file
     with pytest.warns(UserWarning) as caught:
-        model = ViTClassifier(**TINY, stem="conv", weights=str(path))
+        model = ViTClassifier.from_hparams(**TINY, stem="conv", weights=str(path))
     fresh = [str(w.message) for w in caught]
     assert len(fresh) == 1 and fresh[0].startswith(
         f"weights file {path}: 30 tensors start from a fresh initialisation:"
@@ -64,12 +64,12 @@ def test_a_conv_stem_asked_for_starts_afresh_and_is_named(timm_file):
 
 
 def test_weights_that_fill_every_tensor_load_without_a_word(tmp_path):
-    model = ViTClassifier(**TINY)  # conv stem, patch head, two classes
+    model = ViTClassifier.from_hparams(**TINY)  # conv stem, patch head, two classes
     path = tmp_path / "ours.pt"
     torch.save(model.state_dict(), path)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        again = ViTClassifier(**TINY, weights=str(path))  # its stem is taken from the file
+        again = ViTClassifier.from_hparams(**TINY, weights=str(path))  # its stem is taken from the file
     assert again.hparams.stem == "conv"
     torch.testing.assert_close(again.vit.patch_embed.proj[0].weight, model.vit.patch_embed.proj[0].weight)
 
@@ -89,7 +89,9 @@ def test_the_command_builds_the_stem_a_timm_file_holds(timm_file, tmp_path):
 
 def test_architecture_arguments_the_shipped_weights_overrule_are_named():
     with pytest.warns(UserWarning) as caught:
-        model = ViTClassifier(pretrained=SHIPPED, img_size=256, in_chans=2, depth=12, embed_dim=384, stem="patch")
+        model = ViTClassifier.from_hparams(
+            pretrained=SHIPPED, img_size=256, in_chans=2, depth=12, embed_dim=384, stem="patch"
+        )
     assert [str(w.message) for w in caught] == [
         f"--model.pretrained {SHIPPED} has its own architecture, which the network takes so that the weights fit:"
         " stem conv (stem='patch' was given); embed_dim 192 (embed_dim=384 was given); depth 6 (depth=12 was given)"
@@ -97,4 +99,4 @@ def test_architecture_arguments_the_shipped_weights_overrule_are_named():
     assert (len(model.vit.blocks), model.vit.embed_dim, model.hparams.stem) == (6, 192, "conv")
     with warnings.catch_warnings():  # the arguments the weights agree with, or left at their defaults: no word
         warnings.simplefilter("error")
-        ViTClassifier(pretrained=SHIPPED, img_size=256, in_chans=2, depth=6, stem="conv")
+        ViTClassifier.from_hparams(pretrained=SHIPPED, img_size=256, in_chans=2, depth=6, stem="conv")

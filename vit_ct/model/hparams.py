@@ -57,7 +57,7 @@ def check_hparams(hparams: dict[str, Any]) -> None:
     if class_names is not None and len(class_names) != num_classes:
         raise ValueError(
             f"class_names has {len(class_names)} names (multi-label: from data.label_columns) for"
-            f" num_classes={num_classes}; set --model.num_classes {len(class_names)}, or leave it unset"
+            f" num_classes={num_classes}; set --model.labels.num_classes {len(class_names)}, or leave it unset"
         )
     if class_weights is not None and len(class_weights) != num_classes:
         raise ValueError(f"class_weights has {len(class_weights)} values for num_classes={num_classes}")
@@ -71,4 +71,4 @@ def check_hparams(hparams: dict[str, Any]) -> None:
     if not timm.is_model(arch) or not arch.startswith(("vit_", "deit")):
         raise ValueError(f"arch {arch!r} is not a timm Vision Transformer (e.g. vit_tiny_patch16_224)")
     if not (math.isfinite(lr) and lr > 0):  # lr 0 would train nothing without a word; a negative one ascends
-        raise ValueError(f"model.lr must be a finite number > 0 (e.g. 5e-4), got {lr}")
+        raise ValueError(f"model.optimisation.lr must be a finite number > 0 (e.g. 5e-4), got {lr}")

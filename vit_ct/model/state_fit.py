@@ -108,8 +108,9 @@ def misfit_error(state: dict[str, torch.Tensor], model: VisionTransformer, sourc
     if theirs != ours:
         return ValueError(
             f"{source} holds another architecture ({_described(theirs)}) than the model ({_described(ours)}): first"
-            f" tensor that does not fit: {misfit}; build the model as the file's (--model.embed_dim, --model.depth,"
-            " --model.patch_size, and its --model.num_heads) or give weights of the model's architecture"
+            f" tensor that does not fit: {misfit}; build the model as the file's (--model.network.embed_dim,"
+            " --model.network.depth, --model.network.patch_size, and its --model.network.num_heads) or give weights of"
+            " the model's architecture"
         )
     return ValueError(
         f"{source}: tensor {misfit}, though the file's other tensors show the model's architecture"

@@ -5,7 +5,6 @@ Channels, position-embedding grid and classifier head are adapted to the target 
 
 from __future__ import annotations
 
-import inspect
 import zipfile
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -83,14 +82,13 @@ def read_start(weights: str | Path | None, pretrained: str | None) -> StartWeigh
 
 
 def load_start(
-    model: torch.nn.Module, start: StartWeights, arguments: dict[str, Any], *, own_architecture: bool
+    model: torch.nn.Module, start: StartWeights, given: dict[str, Any], *, own_architecture: bool
 ) -> list[str]:
     """Load the start weights into ``model`` (its timm network ``model.vit``) as :func:`load_state` does; first, where
     the network took the weights' ``own_architecture`` (:func:`start_architecture`), warn about the architecture
-    ``arguments`` (the model's, as passed) that it overruled. Returns the keys left at their fresh initialisation."""
+    settings ``given`` (the model's, where not their defaults) that it overruled. Returns the keys left at their
+    fresh initialisation."""
     if own_architecture:
-        defaults = {name: p.default for name, p in inspect.signature(type(model)).parameters.items()}
-        given = {name: value for name, value in arguments.items() if name in defaults and value != defaults[name]}
         named = f"--model.pretrained {start.tag}" if start.tag is not None else start.source
         warn_overruled_architecture(named, given, built_architecture(model.vit, model.hparams))
     return load_state(model, start.state, vit=model.vit, source=start.source)
@@ -105,7 +103,7 @@ def choose_stem(stem: Literal["patch", "conv"] | None, start: StartWeights | Non
     if held == "patch":
         rank_zero_warn(
             f"{start.source} holds {STEM_NAMES['patch']}: the network is built with stem 'patch' so that it loads"
-            " (--model.stem conv starts a convolutional stem from scratch instead)"
+            " (--model.network.stem conv starts a convolutional stem from scratch instead)"
         )
     return held or "conv"
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 import os
@@ -24,7 +23,7 @@ from vit_ct.report.map_sanity import (
 )
 from vit_ct.report.page import report_page
 from vit_ct.report.plots import report_figures
-from vit_ct.task import ViTClassifier
+from vit_ct.task.settings import Maps
 
 REPORT_JSON, REPORT_HTML, CALIBRATION_JSON, FIGURES = "report.json", "report.html", "calibration.json", "figures"
 SECTIONS = ("slice", "scan", "maps", "calibration", "subgroups", "worst_cases", "rows")
@@ -65,8 +64,8 @@ def report_json(models: list[ModelEvidence], settings: dict, sanity: dict | None
 
 
 def default_tolerance_mm() -> float:
-    """:class:`vit_ct.ViTClassifier`'s pointing tolerance, the floors' without a checkpoint."""
-    return float(inspect.signature(ViTClassifier).parameters["localisation_tolerance_mm"].default)
+    """:class:`vit_ct.ViTClassifier`'s default pointing tolerance (its `Maps`), the floors' without a checkpoint."""
+    return float(Maps().localisation_tolerance_mm)
 
 
 def write_report(

@@ -58,18 +58,18 @@ def follow_checkpoint(config: Namespace, *, command_line: Sequence[str] = ()) ->
     if kind == "weights":
         for name in NETWORK:  # start weights: the network is built as theirs was
             value = hparams.get(name, False if name == "mask_air" else None)  # before mask_air: every patch a key
-            said = config.model.get(name)
+            said = config.model.network.get(name)
             if said == value:
                 continue
-            config.model[name] = value
+            config.model.network[name] = value
             if name == "stem" and said is None:  # stem None: the weights' own, nothing to overrule
                 continue
             own = _architecture_own(hparams.get("arch"), name) if value is None and said is not None else None
             if own is not None and own == said:
                 continue  # None is the architecture's own value, which the config gave: nothing changes
             shown = f"{own}, {hparams.get('arch')}'s own" if own is not None else repr(value)
-            lines.append(f"network follows the {source}: model.{name}: {shown} (the network of the weights {path};"
-                         f" the config said {said!r})")  # fmt: skip
+            lines.append(f"network follows the {source}: model.network.{name}: {shown} (the network of the weights"
+                         f" {path}; the config said {said!r})")  # fmt: skip
     for name, value in contract.data_arguments().items():
         if name not in data or _same(name, data[name], value):
             continue
@@ -91,7 +91,7 @@ def follow_checkpoint(config: Namespace, *, command_line: Sequence[str] = ()) ->
             " trained with, e.g. --data.init_args.windows [brain,subdural]"
         )
     if "img_size" in data:
-        config.model.img_size = data["img_size"]  # the link data -> model, applied again after the change
+        config.model.network.img_size = data["img_size"]  # the link data -> model, applied again after the change
     return lines
 
 

@@ -48,6 +48,7 @@ from vit_ct.run.wandb_runs import (
     wandb_dir,
 )
 from vit_ct.task.reading import ReadMaps
+from vit_ct.task.settings import nested
 
 # predict's writers, given by the command that builds the CLI: (output_dir, overwrite, inputs, dicom_out) -> callbacks
 PredictionWriters = Callable[[str, bool, list, bool], list[Callback]]
@@ -110,14 +111,14 @@ class VitCTCLI(LightningCLI):
                 "checkpoint.auto_insert_metric_name": False,
             }
         )
-        parser.link_arguments("data.init_args.img_size", "model.img_size")
+        parser.link_arguments("data.init_args.img_size", "model.network.img_size")
         parser.link_arguments(
-            "data", "model.in_chans", compute_fn=lambda data: data.num_channels, apply_on="instantiate"
+            "data", "model.network.in_chans", compute_fn=lambda data: data.num_channels, apply_on="instantiate"
         )
         # Multi-label data (`label_columns`) makes a multi-label model with one named output per column. For
-        # single-label data `model.num_classes` stays settable; the labels are checked against it before a run.
-        parser.link_arguments("data.init_args.label_columns", "model.multilabel", compute_fn=_is_given)
-        parser.link_arguments("data.init_args.label_columns", "model.class_names")
+        # single-label data `model.labels.num_classes` stays settable; the labels are checked against it before a run.
+        parser.link_arguments("data.init_args.label_columns", "model.labels.multilabel", compute_fn=_is_given)
+        parser.link_arguments("data.init_args.label_columns", "model.labels.class_names")
 
     def before_instantiate_classes(self) -> None:
         config = self.config.get(self.subcommand) if self.subcommand else self.config
@@ -139,13 +140,16 @@ class VitCTCLI(LightningCLI):
         super().parse_arguments(parser, args)
 
     def _parse_ckpt_path(self) -> None:
-        """Check ``--ckpt_path`` before Lightning reads the model's hyper-parameters from it: a missing, truncated or
-        foreign file is named with what was expected, where torch would raise an error without the file's name."""
+        """The model's settings from ``--ckpt_path``, over the command line's, as Lightning's CLI does, read from
+        the checkpoint's flat hyper-parameters into the model's groups; a missing, truncated or foreign file is named
+        with what was expected, where torch would raise an error without the file's name."""
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
-        if is_checkpoint_file(ckpt_path):
-            read_checkpoint(ckpt_path)  # kept while unchanged: the one read a command makes of it
-        super()._parse_ckpt_path()
+        if not is_checkpoint_file(ckpt_path):
+            return
+        saved = read_checkpoint(ckpt_path).get("hyper_parameters") or {}  # kept while unchanged: one read
+        if model := nested(saved):
+            self.config = self.parser.parse_object({subcommand: {"model": model}}, self.config)
 
     def _predict_without_default_logger(self, config: Namespace) -> None:
         """``predict`` logs nothing (its results are files in ``--output_dir``): the default W&B logger would open an

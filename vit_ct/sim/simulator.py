@@ -356,7 +356,9 @@ class SimulatorDataModule(SliceDataModule):
         if stage == "predict":
             raise ValueError(NO_PREDICT)
         if num_classes is not None and num_classes < 2:
-            raise ValueError(f"simulated slices have labels 0 and 1; model.num_classes must be >= 2, got {num_classes}")
+            raise ValueError(
+                f"simulated slices have labels 0 and 1; model.labels.num_classes must be >= 2, got {num_classes}"
+            )
 
     def setup(self, stage: str) -> None:
         self.check(stage)

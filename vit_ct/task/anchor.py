@@ -35,7 +35,7 @@ class StartAnchor(nn.Module):
     def check_anchor(self, weight: float) -> None:
         """Refuse a fit whose anchor loss has no start weights to hold to."""
         if weight > 0 and self._anchor is None:
-            raise ValueError("model.anchor_loss_weight > 0 holds the rollout to the start weights' rollout: give"
+            raise ValueError("model.losses.anchor_loss_weight > 0 holds the rollout to the start weights' rollout: give"
                              " --model.pretrained or --model.weights (or set it to 0)")  # fmt: skip
 
     def _apply(self, fn, recurse: bool = True):

@@ -8,9 +8,10 @@ groups and schedule :mod:`vit_ct.task.optim`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from functools import partial
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
@@ -20,11 +21,12 @@ from vit_ct.data.transforms.contract import InputContract
 from vit_ct.explain.attention import record_attention
 from vit_ct.metrics.classification import classification_metrics
 from vit_ct.metrics.map_scores import MapMetrics
-from vit_ct.model.hparams import check_hparams, predated_hparams
+from vit_ct.model.architecture import Network
+from vit_ct.model.hparams import check_hparams, predated_hparams, unstored_hparams
 from vit_ct.model.network import AirSkippingViT
 from vit_ct.model.stem import ConvStemPatchEmbed
 from vit_ct.model.weights import choose_stem, load_start, read_start, start_architecture
-from vit_ct.model.weights_input import model_input, weights_input
+from vit_ct.model.weights_input import model_input, read_checkpoint, weights_input
 from vit_ct.task.anchor import StartAnchor
 from vit_ct.task.checkpointed import SeesAsCheckpointed
 from vit_ct.task.inference import Inference, infer
@@ -32,164 +34,73 @@ from vit_ct.task.losses import Losses, PatchLosses, classification_loss
 from vit_ct.task.optim import param_groups, warmup_cosine_schedule
 from vit_ct.task.reading import MapReader, reading_of
 from vit_ct.task.scan_bags import ScanBags
+from vit_ct.task.settings import GuidingLosses, Labels, Maps, Optimisation, flat_hparams, group_of, grouped
 
 STAGES = ("val", "test")
+OWN_ARGUMENTS = ("weights", "pretrained", "optimizer", "scheduler")  # the model's arguments that are no group
 
 
 class ViTClassifier(StartAnchor, MapReader, SeesAsCheckpointed):
     """Slice classifier: P(lesion) for two classes, class probabilities, or per-label probabilities.
 
-    The defaults are a plain ViT as timm builds ``arch``, with the classification loss alone; the recipes live in
-    ``configs/``. The arguments come by concern: the network, the losses, optimisation, the maps, the start weights.
+    The defaults are a plain ViT as timm builds ``network.arch``, with the classification loss alone; the recipes live
+    in ``configs/``. The settings come by concern, each a value documented in :mod:`vit_ct.task.settings`; the
+    hyper-parameters (``model.hparams``, and every checkpoint) hold their fields flat, as they always have.
+    :meth:`from_hparams` builds the model from those flat names.
 
     Args:
-        arch: timm ViT architecture the network starts from; the arguments below override its defaults.
-        img_size: Side of the square model input in pixels (a multiple of ``patch_size``; linked to the data in the
-            CLI). None: the start weights' own (``weights`` holding a vit-ct checkpoint, shipped ``pretrained``
-            weights), else the data modules' default, 192. A value other than the weights' resamples their position
-            embeddings, said in one warning.
-        patch_size: Side of a patch in pixels.
-        in_chans: Input channels, one per HU window (linked to the data's windows in the CLI). None: the start
-            weights' own, else 2, the data modules' default windows (brain, subdural).
-        stem: ``patch``: timm's linear patch embedding; ``conv``: a convolutional stem with the same token grid,
-            which trains much better from scratch on small data (arXiv:2106.14881). None: the stem the start weights
-            (``weights``, ``pretrained``) hold, so that they load whole; ``conv`` without start weights.
-        num_classes: Classes (label 0 = no lesion) or, with ``multilabel``, labels. None: one per name in
-            ``class_names`` for multi-label (the CLI links both from ``data.label_columns``), else 2.
-        class_names: Names of the classes or labels, for prediction columns (``prob_<name>``).
-        multilabel: Independent sigmoid outputs and binary cross-entropy (e.g. RSNA's subtype labels).
-        embed_dim: Token width; None keeps the architecture's.
-        depth: Transformer blocks; None keeps the architecture's.
-        num_heads: Attention heads; None keeps the architecture's.
-        reg_tokens: Register tokens beside the class token (arXiv:2309.16588).
-        mask_air: Patches that hold nothing (every pixel at the floor of every window: air, padding, outside the
-            scan circle) are not attention keys, so the class token cannot park its attention in the air: the rollout
-            is zero there by construction, not by erasing the map afterwards; and they skip the blocks, 1.3-1.4x
-            faster at the same logits (:class:`vit_ct.model.network.AirSkippingViT`). Decided from the input alone.
-        drop_rate: Dropout before the classifier.
-        attn_drop_rate: Dropout on the attention weights, after the softmax.
-        drop_path_rate: Stochastic depth, rising linearly to this rate in the last block.
-        patch_loss_weight: Weight of the patch-level loss (each token predicts whether its patch holds lesion
-            pixels, from the masks); 0 switches the patch head off.
-        attention_loss_weight: Weight of the attention loss: on slices with a known lesion mask, the cross-entropy of
-            the lesion's share of each patch against where the class token's attention flows (heads averaged), so
-            that the token that decides reads the lesion. 0 switches it off; slices without masks are unaffected.
-        attention_target: What the attention loss reads: ``rollout`` (the attention rollout over the patches, the
-            map vit-ct shows) or ``class_token`` (the class token's attention row in each block).
-        mil_loss_weight: Weight of the multiple-instance loss: the patch head's logits, pooled by log-sum-exp over the
-            patches that hold something, against the slice's label, so that the patch evidence learns from slice
-            labels alone (data without masks); 0 switches it off.
-        mil_sharpness: ``r`` of that pooling, ``log(mean(exp(r z))) / r``: from the patches' mean (near 0) to their
-            maximum (large).
-        evidence_attention: On positive slices without a lesion mask, train the rollout toward the patch head's own
-            evidence (the softmax of its logits, detached), as the masks train it where they exist.
-        anchor_loss_weight: Weight of the anchor loss, for fine-tuning: the KL divergence of this model's rollout
-            from that of the start weights (``weights`` or ``pretrained``, a frozen copy run on the same batch), on
-            every slice with something in it, so that fine-tuning keeps what the start weights' maps could show
-            (the model is held, its maps are never edited). Needs start weights; 0 switches it off.
-        class_weights: Per-class loss weights (e.g. ``[1.0, 3.0]`` against class imbalance); per-label positive
-            weights when ``multilabel``.
-        label_smoothing: Label smoothing of the cross-entropy.
-        label_weights: Multi-label: per-label weights of the ``weighted_log_loss`` metric (RSNA 2019:
-            ``[1, 1, 1, 1, 1, 2]``, ``any`` last); None: the metric is not computed.
-        lr: Peak learning rate of the default AdamW.
-        weight_decay: Weight decay of the default AdamW; never applied to norms, biases, position embeddings or
-            prefix tokens.
-        warmup_epochs: Linear warm-up length of the default cosine schedule, in epochs (fractions allowed).
-        layer_decay: Layer-wise learning-rate decay (e.g. 0.75) for fine-tuning; None: the same rate everywhere.
-        grad_checkpointing: Recompute block activations in the backward pass (less memory, more compute); not while
-            the attention loss is on (``attention_loss_weight`` > 0), whose attention must stay in the graph.
-        optimizer: Replaces the default AdamW; receives the parameter groups.
-        scheduler: Replaces the default per-step warm-up + cosine schedule.
-        rollout_head_fusion: How attention rollout fuses the heads of a block (``mean``, ``max``, ``min``).
-        rollout_discard_ratio: Share of the lowest attention weights rollout discards per block.
-        localisation_tolerance_mm: Pointing-game tolerance of the validation and test localisation metrics, in mm
-            on each slice's own pixel spacing (from the file, else the manifest's ``pixel_spacing_mm``); in pixels of
-            the source slice for a slice without one, said in one warning.
-        weights: Initial weights: a vit-ct checkpoint (the network takes its architecture and, where ``img_size``
-            and ``in_chans`` are None, its input, as with ``pretrained``) or a timm state-dict file. Channels,
-            position grid and differently sized heads are adapted. Only the network is loaded, not the trainer state.
+        network: The network (:class:`vit_ct.model.architecture.Network`): architecture, input, stem, regularisation.
+        labels: What it predicts (:class:`vit_ct.task.settings.Labels`): classes or labels, their names and weights.
+        losses: The losses beside classification (:class:`vit_ct.task.settings.GuidingLosses`), all off by default.
+        optimisation: The default optimiser and schedule (:class:`vit_ct.task.settings.Optimisation`).
+        maps: How validation and test read the maps (:class:`vit_ct.task.settings.Maps`).
+        weights: Initial weights: a vit-ct checkpoint (the network takes its architecture and, where
+            ``network.img_size`` and ``network.in_chans`` are None, its input, as with ``pretrained``) or a timm
+            state-dict file. Channels, position grid and differently sized heads are adapted. Only the network is
+            loaded, not the trainer state.
         pretrained: A timm pretrained tag (e.g. ``vit_small_patch16_224.augreg_in21k_ft_in1k``) or weights shipped
             with vit-ct (``vit-ct/headct-tiny-256``): the network takes the weights' architecture (an ``arch``,
             ``patch_size``, ``stem``, ``embed_dim``, ``depth`` or ``num_heads`` given otherwise gives way, with a
             warning naming it) and their weights (a timm tag's loaded by timm through the Hugging Face hub and its
             local cache, shipped ones from the package), adapted as for ``weights``.
+        optimizer: Replaces the default AdamW; receives the parameter groups.
+        scheduler: Replaces the default per-step warm-up + cosine schedule.
     """
 
     def __init__(
         self,
         *,
-        # the network
-        arch: str = "vit_tiny_patch16_224",
-        img_size: int | None = None,
-        patch_size: int = 16,
-        in_chans: int | None = None,
-        stem: Literal["patch", "conv"] | None = None,
-        num_classes: int | None = None,
-        class_names: list[str] | None = None,
-        multilabel: bool = False,
-        embed_dim: int | None = None,
-        depth: int | None = None,
-        num_heads: int | None = None,
-        reg_tokens: int = 0,
-        mask_air: bool = True,
-        drop_rate: float = 0.0,
-        attn_drop_rate: float = 0.0,
-        drop_path_rate: float = 0.0,
-        # the losses beside classification
-        patch_loss_weight: float = 0.0,
-        attention_loss_weight: float = 0.0,
-        attention_target: Literal["rollout", "class_token"] = "rollout",
-        mil_loss_weight: float = 0.0,
-        mil_sharpness: float = 5.0,
-        evidence_attention: bool = False,
-        anchor_loss_weight: float = 0.0,
-        class_weights: list[float] | None = None,
-        label_smoothing: float = 0.0,
-        label_weights: list[float] | None = None,
-        # optimisation
-        lr: float = 5e-4,
-        weight_decay: float = 0.05,
-        warmup_epochs: float = 1.0,
-        layer_decay: float | None = None,
-        grad_checkpointing: bool = False,
-        optimizer: OptimizerCallable | None = None,
-        scheduler: LRSchedulerCallable | None = None,
-        # the maps
-        rollout_head_fusion: Literal["mean", "max", "min"] = "mean",
-        rollout_discard_ratio: float = 0.0,
-        localisation_tolerance_mm: float = 5.0,
-        # the start weights
+        network: Network = Network(),
+        labels: Labels = Labels(),
+        losses: GuidingLosses = GuidingLosses(),
+        optimisation: Optimisation = Optimisation(),
+        maps: Maps = Maps(),
         weights: str | None = None,
         pretrained: str | None = None,
+        optimizer: OptimizerCallable | None = None,
+        scheduler: LRSchedulerCallable | None = None,
     ) -> None:
-        arguments = {name: value for name, value in locals().items() if name not in ("self", "__class__")}
         super().__init__()
         if weights and pretrained:
             raise ValueError("give --model.weights or --model.pretrained, not both")
+        arguments = flat_hparams(network=network, labels=labels, losses=losses, optimisation=optimisation, maps=maps)
+        num_classes = labels.num_classes
         if num_classes is None:  # multi-label: one output per named label
-            num_classes = len(class_names) if multilabel and class_names else 2
+            num_classes = len(labels.class_names) if labels.multilabel and labels.class_names else 2
         # How the model sees: the start weights' input where they know it and the arguments leave it (None) or agree
         seen = weights_input(weights=weights, pretrained=pretrained)
         # the network the start weights fill, taken below so that they fit (a tag's, or a vit-ct checkpoint's)
         own = start_architecture(pretrained, seen.architecture if seen is not None else None)
-        patch_size = own.get("patch_size") or patch_size
-        contract = model_input(seen, img_size=img_size, in_chans=in_chans, patch_size=patch_size)
-        arguments.update(img_size=contract.img_size, in_chans=contract.in_chans)
-        check_hparams({**arguments, "num_classes": num_classes})
-        # `weights` is a start point, not part of the model: a checkpoint must load without that file.
-        ignore = ("optimizer", "scheduler", "weights", "pretrained")
-        self.save_hyperparameters(ignore=list(ignore))
-        # The CLI hands save_hyperparameters its own config, which lacks the link targets it did not set: the
-        # hyper-parameters are made every argument the model is built with, so that nothing reads a fallback.
-        self.hparams.update({k: v for k, v in arguments.items() if k not in self.hparams and k not in ignore})
-        self.hparams.update(num_classes=num_classes, img_size=contract.img_size, in_chans=contract.in_chans)  # resolved
+        patch_size = own.get("patch_size") or network.patch_size
+        contract = model_input(seen, img_size=network.img_size, in_chans=network.in_chans, patch_size=patch_size)
+        # resolved: the input, the outputs and the weights' architecture, recorded so that a checkpoint rebuilds
+        # the network without the hub or the weights file (the start weights are a start point, not part of it)
+        arguments.update(num_classes=num_classes, img_size=contract.img_size, in_chans=contract.in_chans)
+        check_hparams({**arguments, "patch_size": patch_size})
         start = read_start(weights, pretrained)  # the start weights, or None
-        # the weights' architecture, recorded so that a checkpoint rebuilds it without the hub or the weights file
-        self.hparams.update(own)
-        self.hparams.stem = choose_stem(self.hparams.stem, start)  # resolved
+        self.save_hyperparameters({**arguments, **own, "stem": choose_stem(own.get("stem", network.stem), start)})
         self.task: Literal["binary", "multiclass", "multilabel"] = (
-            "multilabel" if multilabel else ("binary" if num_classes == 2 else "multiclass")
+            "multilabel" if labels.multilabel else ("binary" if num_classes == 2 else "multiclass")
         )
         # How the weights see their input; where the start weights leave windows and read options unknown, they
         # become known from the data it is trained on or the checkpoint it is loaded from (on_save_checkpoint /
@@ -201,8 +112,41 @@ class ViTClassifier(StartAnchor, MapReader, SeesAsCheckpointed):
         self.configure_losses()
         self.configure_metrics()
         if start is not None:
-            load_start(self, start, arguments, own_architecture=bool(own))
-        self.hold_to_start(self.vit if anchor_loss_weight > 0 and start else None)  # from the start weights, each build
+            defaults = flat_hparams()
+            given = {name: value for name, value in arguments.items() if value != defaults[name]}
+            load_start(self, start, given, own_architecture=bool(own))
+        anchored = losses.anchor_loss_weight > 0 and start is not None
+        self.hold_to_start(self.vit if anchored else None)  # from the start weights, each build
+
+    @classmethod
+    def from_hparams(cls, hparams: Mapping[str, Any] | None = None, /, **more: Any) -> ViTClassifier:
+        """The model from flat hyper-parameter names, as ``model.hparams`` and checkpoints hold them
+        (``from_hparams(depth=6, lr=1e-4, pretrained="vit-ct/headct-tiny-256")``), the start weights, optimiser and
+        scheduler by their own names; ``more`` overrides ``hparams``.
+
+        Raises:
+            TypeError: a name that is neither a settings field nor one of those arguments.
+        """
+        flat = {**(hparams or {}), **more}
+        unknown = sorted(name for name in flat if group_of(name) is None and name not in OWN_ARGUMENTS)
+        if unknown:
+            raise TypeError(f"ViTClassifier.from_hparams: unknown hyper-parameter(s) {', '.join(unknown)}")
+        return cls(**grouped(flat), **{name: flat[name] for name in OWN_ARGUMENTS if name in flat})
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path, map_location=None, hparams_file=None, strict=None, **kwargs):
+        """Restore a vit-ct checkpoint as its network was built: its flat hyper-parameters read into the settings,
+        also where it does not store one (:func:`~vit_ct.model.hparams.unstored_hparams`); the file is read with
+        ``weights_only=True``, so it cannot run code. ``kwargs`` are flat names that override the stored ones."""
+        if kwargs.pop("weights_only", True) is not True:
+            raise ValueError(f"vit-ct loads checkpoints with weights_only=True only (not {checkpoint_path})")
+        if hparams_file is not None:
+            raise ValueError(f"vit-ct checkpoints hold their hyper-parameters; give no hparams_file ({hparams_file})")
+        checkpoint = read_checkpoint(checkpoint_path)  # (tensors memory-mapped; named in its errors)
+        flat = {**(checkpoint.get("hyper_parameters") or {}), **unstored_hparams(checkpoint), **kwargs}
+        arguments = {**grouped(flat), "_instantiator": None}  # the settings, built here, not by the CLI's parser
+        return super().load_from_checkpoint(checkpoint_path, map_location=map_location, strict=strict,
+                                            weights_only=True, **arguments)  # fmt: skip
 
     def configure_models(self) -> None:
         """The network (timm's ViT, conv stem or timm's patch embedding, air patches skipping the blocks) and the

@@ -323,7 +323,7 @@ def read_manifest(
     return df
 
 
-def check_label_range(df: pd.DataFrame, num_classes: int, *, option: str = "--model.num_classes") -> None:
+def check_label_range(df: pd.DataFrame, num_classes: int, *, option: str = "--model.labels.num_classes") -> None:
     """Check that every single-label row's class fits a model with `num_classes` outputs.
 
     Multi-label tables (`df.attrs["label_columns"]`) hold 0/1 columns, already checked by `read_manifest`.
