@@ -65,27 +65,27 @@ def test_fine_tuning_from_start_weights_holds_the_rollout_to_theirs(tmp_path):
     assert "anchor_loss" not in model.eval().losses(batch).parts  # a training loss: validation and test leave it out
     model.train()
     # the anchor is the start network, frozen, outside the model's parameters and its checkpoint
-    assert not any(name.startswith("_anchor") for name in model.state_dict())
-    assert {id(p) for p in model._anchor.parameters()}.isdisjoint(id(p) for p in model.parameters())
+    assert not any(name.startswith("anchor") for name in model.state_dict())
+    assert {id(p) for p in model.anchor.network.parameters()}.isdisjoint(id(p) for p in model.parameters())
     assert model.losses(batch).parts["anchor_loss"].item() == pytest.approx(0.0, abs=1e-5)  # not moved yet
     with torch.no_grad():
         for block in model.vit.blocks:
             block.attn.qkv.weight.add_(torch.randn_like(block.attn.qkv.weight))
-    before = {k: v.clone() for k, v in model._anchor.state_dict().items()}
+    before = {k: v.clone() for k, v in model.anchor.network.state_dict().items()}
     loss = model.losses(batch)
     assert loss.parts["anchor_loss"].item() > 1e-3  # moved away from the start's rollout: a divergence
     loss.total.backward()
     assert model.vit.blocks[0].attn.qkv.weight.grad.abs().sum() > 0  # it trains the model ...
-    assert all(p.grad is None for p in model._anchor.parameters())  # ... never the anchor
-    assert all(torch.equal(before[k], v) for k, v in model._anchor.state_dict().items())
+    assert all(p.grad is None for p in model.anchor.network.parameters())  # ... never the anchor
+    assert all(torch.equal(before[k], v) for k, v in model.anchor.network.state_dict().items())
     model.double()  # casts and moves reach the anchor too
-    assert next(model._anchor.parameters()).dtype == torch.float64
+    assert next(model.anchor.network.parameters()).dtype == torch.float64
 
 
 def test_without_start_weights_the_anchor_has_nothing_to_hold_to(tmp_path):
     model = ViTClassifier.from_hparams(
         **BUILT, anchor_loss_weight=1.0
     )  # e.g. a fine-tuned checkpoint loaded to predict
-    assert model._anchor is None and "anchor_loss" not in model.losses(_batch()).parts
+    assert not model.anchor and "anchor_loss" not in model.losses(_batch()).parts
     with pytest.raises(ValueError, match="anchor_loss_weight.*--model.pretrained or --model.weights"):
         model.on_fit_start()

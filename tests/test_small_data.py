@@ -81,9 +81,9 @@ def test_the_fine_tuned_rows_train_the_readmes_recipe_read_from_its_config(sd):
     recipe = {k: v for k, v in config.items() if k not in ("pretrained", "depth")}
     assert recipe["anchor_loss_weight"] > 0 and recipe["attention_loss_weight"] > 0 and recipe["evidence_attention"]
     model = sd.build_model(sd.ROWS["shipped-ft"], args)
-    assert {k: model.hparams[k] for k in recipe} == recipe and model._anchor is not None
+    assert {k: model.hparams[k] for k in recipe} == recipe and model.anchor
     unanchored = sd.build_model(sd.ROWS["shipped-ft-unanchored"], args)
-    assert unanchored.hparams.anchor_loss_weight == 0 and unanchored._anchor is None
+    assert unanchored.hparams.anchor_loss_weight == 0 and not unanchored.anchor
     assert {k: unanchored.hparams[k] for k in recipe if k != "anchor_loss_weight"} == {
         k: v for k, v in recipe.items() if k != "anchor_loss_weight"
     }

@@ -106,7 +106,8 @@ def shifted_explained(
     """A batch explained on the grid ``shifts`` times finer than the patches (see the module's text).
 
     Args:
-        explain: one recorded pass, image -> :class:`Explained` (e.g. ``ViTClassifier._explained``'s), in eval mode.
+        explain: one recorded pass, image -> :class:`Explained` (e.g. through
+            :func:`~vit_ct.explain.maps.explain_forward`), in eval mode.
         image: ``(B, C, S, S)`` model input, ``S`` a multiple of ``patch_size``.
         patch_size: side of a patch in pixels.
         shifts: steps per axis, dividing ``patch_size``; 1 is the plain pass.

@@ -5,6 +5,7 @@ weights could already show."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -12,34 +13,33 @@ from torch import nn
 from vit_ct.explain.attention import record_attention
 
 
-class StartAnchor(nn.Module):
-    """Mixin of the model: ``_anchor``, the start network frozen (None: nothing to hold to), kept out of the module
-    tree (neither trained, nor in the checkpoint, nor seen by DDP) but moved and cast with the model."""
+class StartAnchor:
+    """The start network, frozen (``network`` None: nothing to hold to). A plain object, not a module: a model that
+    holds one keeps it out of its module tree (neither trained, nor in the checkpoint, nor seen by DDP), and hands it
+    its moves and casts (:meth:`apply`)."""
 
-    _anchor: nn.Module | None = None
+    def __init__(self, network: nn.Module | None = None) -> None:
+        self.network = None if network is None else copy.deepcopy(network).eval().requires_grad_(False)
 
-    def hold_to_start(self, network: nn.Module | None) -> None:
-        """Freeze a copy of ``network`` (the start weights, just loaded) as the anchor; None: no anchor."""
-        anchor = None if network is None else copy.deepcopy(network).eval().requires_grad_(False)
-        object.__setattr__(self, "_anchor", anchor)  # not a submodule
+    def __bool__(self) -> bool:
+        return self.network is not None
 
-    def anchor_attention(self, image: torch.Tensor) -> list[torch.Tensor] | None:
-        """The start network's head-averaged attention per block on ``image``, without gradients; None without an
-        anchor."""
-        if self._anchor is None:
+    def attention(self, image: torch.Tensor) -> list[torch.Tensor] | None:
+        """The start network's head-averaged attention per block on ``image``, without gradients; None without a
+        network."""
+        if self.network is None:
             return None
-        with torch.no_grad(), record_attention(self._anchor, head_fusion="mean") as held:
-            self._anchor.forward_features(image)
+        with torch.no_grad(), record_attention(self.network, head_fusion="mean") as held:
+            self.network.forward_features(image)
         return held
 
-    def check_anchor(self, weight: float) -> None:
+    def check(self, weight: float) -> None:
         """Refuse a fit whose anchor loss has no start weights to hold to."""
-        if weight > 0 and self._anchor is None:
-            raise ValueError("model.losses.anchor_loss_weight > 0 holds the rollout to the start weights' rollout: give"
-                             " --model.pretrained or --model.weights (or set it to 0)")  # fmt: skip
+        if weight > 0 and self.network is None:
+            raise ValueError("model.losses.anchor_loss_weight > 0 holds the rollout to the start weights' rollout:"
+                             " give --model.pretrained or --model.weights (or set it to 0)")  # fmt: skip
 
-    def _apply(self, fn, recurse: bool = True):
-        """Moves and casts (``.to``, ``.double``, ...) reach the anchor too."""
-        if self._anchor is not None:
-            self._anchor._apply(fn, recurse)
-        return super()._apply(fn, recurse)
+    def apply(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """A move or cast of the model (``Module._apply``'s ``fn``), applied to the network too."""
+        if self.network is not None:
+            self.network._apply(fn)

@@ -19,6 +19,8 @@ from torch import nn
 
 from vit_ct.data.transforms.contract import InputContract
 from vit_ct.explain.attention import record_attention
+from vit_ct.explain.map_reading import ONE_PASS, MapReading
+from vit_ct.explain.maps import Explained
 from vit_ct.metrics.classification import classification_metrics
 from vit_ct.metrics.map_scores import MapMetrics
 from vit_ct.model.architecture import Network
@@ -32,7 +34,7 @@ from vit_ct.task.checkpointed import SeesAsCheckpointed
 from vit_ct.task.inference import Inference, infer
 from vit_ct.task.losses import Losses, PatchLosses, classification_loss
 from vit_ct.task.optim import param_groups, warmup_cosine_schedule
-from vit_ct.task.reading import MapReader, reading_of
+from vit_ct.task.reading import explained_pass, read_maps, reading_of
 from vit_ct.task.scan_bags import ScanBags
 from vit_ct.task.settings import GuidingLosses, Labels, Maps, Optimisation, flat_hparams, group_of, grouped
 
@@ -40,7 +42,7 @@ STAGES = ("val", "test")
 OWN_ARGUMENTS = ("weights", "pretrained", "optimizer", "scheduler")  # the model's arguments that are no group
 
 
-class ViTClassifier(StartAnchor, MapReader, SeesAsCheckpointed):
+class ViTClassifier(SeesAsCheckpointed):
     """Slice classifier: P(lesion) for two classes, class probabilities, or per-label probabilities.
 
     The defaults are a plain ViT as timm builds ``network.arch``, with the classification loss alone; the recipes live
@@ -116,7 +118,7 @@ class ViTClassifier(StartAnchor, MapReader, SeesAsCheckpointed):
             given = {name: value for name, value in arguments.items() if value != defaults[name]}
             load_start(self, start, given, own_architecture=bool(own))
         anchored = losses.anchor_loss_weight > 0 and start is not None
-        self.hold_to_start(self.vit if anchored else None)  # from the start weights, each build
+        self.anchor = StartAnchor(self.vit if anchored else None)  # the start network, frozen, on each build
 
     @classmethod
     def from_hparams(cls, hparams: Mapping[str, Any] | None = None, /, **more: Any) -> ViTClassifier:
@@ -226,6 +228,24 @@ class ViTClassifier(StartAnchor, MapReader, SeesAsCheckpointed):
         """Class and register tokens in front of the patch tokens."""
         return int(self.vit.num_prefix_tokens)
 
+    def explain(self, image: torch.Tensor, reading: MapReading = ONE_PASS) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits and attention rollout ``(B, grid_h, grid_w)`` of a batch, from one forward pass unless ``reading``
+        asks for more (:meth:`explained`)."""
+        explained = self.explained(image, reading=reading)
+        return explained.output, explained.rollout
+
+    def explained(
+        self, image: torch.Tensor, first: Explained | None = None, reading: MapReading = ONE_PASS
+    ) -> Explained:
+        """Logits, attention rollout and the class token's attention rows per block, read as ``reading`` says
+        (:func:`vit_ct.task.reading.read_maps`; ``first``: the one-pass reading, already run)."""
+        return read_maps(self, image, first=first, reading=reading)
+
+    def _apply(self, fn, recurse: bool = True):
+        """Moves and casts (``.to``, ``.double``, ...) reach the fine-tuning anchor too, which is no submodule."""
+        self.anchor.apply(fn)
+        return super()._apply(fn, recurse)
+
     def forward(self, image: torch.Tensor) -> torch.Tensor:
         """Logits ``(B, num_classes)`` for windowed slices ``(B, in_chans, img_size, img_size)``."""
         return self.vit(image)
@@ -243,7 +263,7 @@ class ViTClassifier(StartAnchor, MapReader, SeesAsCheckpointed):
         holds what they score (lesion masks, labels), each weighted; in float32, also under AMP."""
         image, label = batch["image"], batch["label"]
         anchored = self.training and self.patch_losses.anchor_weight > 0  # a training loss: not in val/test's
-        held = self.anchor_attention(image) if anchored else None  # the start network's attention
+        held = self.anchor.attention(image) if anchored else None  # the start network's attention
         if self.patch_losses.attention_weight > 0 or held is not None:
             with record_attention(self, head_fusion="mean", keep_graph=True) as attentions:
                 tokens = self.vit.forward_features(image, checkpoint_blocks=False)  # (B, T, D)
@@ -266,7 +286,7 @@ class ViTClassifier(StartAnchor, MapReader, SeesAsCheckpointed):
         return Losses(loss, logits, parts)
 
     def on_fit_start(self) -> None:
-        self.check_anchor(self.patch_losses.anchor_weight)
+        self.anchor.check(self.patch_losses.anchor_weight)
         self.scan_bags.memory.reset()  # rows of another fit's training split are not this one's
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
@@ -297,7 +317,7 @@ class ViTClassifier(StartAnchor, MapReader, SeesAsCheckpointed):
         if not len(label):  # a batch of DDP padding only (possible when a split has fewer slices than ranks)
             return None
         image = batch["image"]  # one pass for the losses, the metrics and the map (and the command's shifted grids)
-        first = self._explained(lambda: self.losses(batch), image.shape)
+        first = explained_pass(self, lambda: self.losses(batch), image.shape)
         explained = self.explained(image, first=first, reading=reading_of(self._trainer))
         loss, logits, _ = explained.output
         probs = self.probabilities(logits)
