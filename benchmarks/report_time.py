@@ -51,9 +51,10 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> dict:
     out, manifest = Path(args.out), Path(args.manifest)
     git, started = git_state(), time.monotonic()
     with tempfile.TemporaryDirectory(prefix="vit-ct-report-") as folder:
-        report = Path(folder) / "report"
-        times = [run_report(out, manifest, report, args.bootstrap) for _ in range(args.repeats)]
-        record = json.loads((report / "report.json").read_text())
+        # each run its own folder: vit-ct report refuses to write over an earlier report without --overwrite
+        reports = [Path(folder) / f"report-{i}" for i in range(args.repeats)]
+        times = [run_report(out, manifest, report, args.bootstrap) for report in reports]
+        record = json.loads((reports[-1] / "report.json").read_text())
     auroc, test_auroc = record["slice"]["auroc"], logged_test_auroc(Path(args.summary))
     figures = {
         "report_min_s": round(min(times), 2),

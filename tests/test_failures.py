@@ -300,8 +300,11 @@ def test_bad_ckpt_path_is_named_with_what_was_expected(data, tmp_path):
     torch.save(ViTClassifier.from_hparams(**TINY).vit.state_dict(), state_dict)  # a network's weights, not a checkpoint
     text = tmp_path / "notes.ckpt"
     text.write_text("not a checkpoint\n")
+    bare = tmp_path / "bare.ckpt"  # a state dict under Lightning's key, in a file Lightning did not write
+    torch.save({"state_dict": ViTClassifier.from_hparams(**TINY).state_dict()}, bare)
     for path, expected in [(truncated, "not a torch.save archive"), (text, "not a torch.save archive"),
-                           (state_dict, "holds no `state_dict`.*--model.weights")]:  # fmt: skip
+                           (state_dict, "holds no `state_dict`.*--model.weights"),
+                           (bare, "not written by Lightning.*--model.weights")]:  # fmt: skip
         for subcommand in ("test", "fit"):
             with pytest.raises(ValueError, match=rf"checkpoint {path}.*{expected}"):
                 main([subcommand, *manifest_args(manifest), *NO_LOGGER, "--ckpt_path", str(path)])

@@ -295,11 +295,12 @@ def test_the_benchmark_times_a_report_and_writes_its_record(tmp_path):
     out, manifest = fake_predict_output(tmp_path, patients=8)
     from benchmarks import report_time
 
-    figures = report_time.main([str(out), "--manifest", str(manifest), "--repeats", "1", "--bootstrap", "20",
+    figures = report_time.main([str(out), "--manifest", str(manifest), "--repeats", "2", "--bootstrap", "20",
                                 "--summary", str(tmp_path / "none.json")], records=tmp_path / "records")  # fmt: skip
     record = json.loads((tmp_path / "records" / "report_time.json").read_text())
     assert record["figures"] == figures and figures["slices"] == 4 * 4  # patients 4..7: the test split
     assert 0 < figures["report_min_s"] < 600 and figures["test_auroc_logged"] is None
+    assert len(record["notes"]["times_s"]) == 2  # repeated runs: each writes a report of its own
 
 
 @pytest.mark.slow

@@ -70,7 +70,7 @@ def weights_input(
             not exist (each naming the file or tag).
     """
     if is_checkpoint_file(ckpt_path):
-        checkpoint = read_checkpoint(ckpt_path)
+        checkpoint = read_lightning_checkpoint(ckpt_path)
         return WeightsInput(str(ckpt_path), "ckpt_path", InputContract.from_checkpoint(checkpoint),
                             dict(checkpoint.get("hyper_parameters") or {}))  # fmt: skip
     if shipped.is_shipped(pretrained):
@@ -155,6 +155,24 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     checkpoint = _read_checkpoint(path.resolve(), stat.st_mtime_ns, stat.st_size, str(path))
     # the caller's own dicts (a caller may edit them), the tensors shared
     return {key: dict(value) if isinstance(value, dict) else value for key, value in checkpoint.items()}
+
+
+def read_lightning_checkpoint(path: str | Path) -> dict[str, Any]:
+    """:func:`read_checkpoint` of a file that Lightning restores a run or a model from (``--ckpt_path``,
+    ``load_from_checkpoint``), which must have been written by Lightning.
+
+    Raises:
+        ValueError: as :func:`read_checkpoint`; or a ``state_dict`` in a file Lightning did not write (it lacks what
+            Lightning restores, starting with the version it migrates from), naming the file.
+    """
+    checkpoint = read_checkpoint(path)
+    if "pytorch-lightning_version" not in checkpoint:
+        raise ValueError(
+            f"checkpoint {path} holds a `state_dict` but was not written by Lightning (no"
+            " `pytorch-lightning_version`): expected a .ckpt written by `vit-ct fit` (a model's state dict goes to"
+            " --model.weights)"
+        )
+    return checkpoint
 
 
 @functools.lru_cache(maxsize=1)

@@ -28,8 +28,8 @@ from rich.markup import escape
 
 from vit_ct.data.loading.datamodule import CTSliceDataModule
 from vit_ct.explain.map_reading import DEFAULT_READING, MapReading
-from vit_ct.model.weights_input import is_checkpoint_file
-from vit_ct.run.checkpoint import AtomicCheckpointIO, BestAndLastCheckpoint, read_checkpoint, read_wandb_run_id
+from vit_ct.model.weights_input import is_checkpoint_file, read_lightning_checkpoint
+from vit_ct.run.checkpoint import AtomicCheckpointIO, BestAndLastCheckpoint, read_wandb_run_id
 from vit_ct.run.checkpoint_input import follow_checkpoint
 from vit_ct.run.compat import missing_required, model_summary_depth, subcommand_defaults, summarise_parser_error
 from vit_ct.run.console import DEBUG
@@ -147,7 +147,7 @@ class VitCTCLI(LightningCLI):
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
         if not is_checkpoint_file(ckpt_path):
             return
-        saved = read_checkpoint(ckpt_path).get("hyper_parameters") or {}  # kept while unchanged: one read
+        saved = read_lightning_checkpoint(ckpt_path).get("hyper_parameters") or {}  # kept while unchanged: one read
         if model := nested(saved):
             self.config = self.parser.parse_object({subcommand: {"model": model}}, self.config)
 

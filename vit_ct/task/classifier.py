@@ -28,7 +28,7 @@ from vit_ct.model.hparams import check_hparams, predated_hparams, unstored_hpara
 from vit_ct.model.network import AirSkippingViT
 from vit_ct.model.stem import ConvStemPatchEmbed
 from vit_ct.model.weights import choose_stem, load_start, read_start, start_architecture
-from vit_ct.model.weights_input import model_input, read_checkpoint, weights_input
+from vit_ct.model.weights_input import model_input, read_lightning_checkpoint, weights_input
 from vit_ct.task.anchor import StartAnchor
 from vit_ct.task.checkpointed import SeesAsCheckpointed
 from vit_ct.task.inference import Inference, infer
@@ -144,7 +144,7 @@ class ViTClassifier(SeesAsCheckpointed):
             raise ValueError(f"vit-ct loads checkpoints with weights_only=True only (not {checkpoint_path})")
         if hparams_file is not None:
             raise ValueError(f"vit-ct checkpoints hold their hyper-parameters; give no hparams_file ({hparams_file})")
-        checkpoint = read_checkpoint(checkpoint_path)  # (tensors memory-mapped; named in its errors)
+        checkpoint = read_lightning_checkpoint(checkpoint_path)  # (tensors memory-mapped; named in its errors)
         flat = {**(checkpoint.get("hyper_parameters") or {}), **unstored_hparams(checkpoint), **kwargs}
         arguments = {**grouped(flat), "_instantiator": None}  # the settings, built here, not by the CLI's parser
         return super().load_from_checkpoint(checkpoint_path, map_location=map_location, strict=strict,
