@@ -159,7 +159,9 @@ def demo_targets_block(records: Records) -> str:
         )
         slices = records["faithfulness"]["notes"]["slices"]
         faithfulness, demo = records["faithfulness"], records["demo"]
-        if faithfulness.get("commit") != demo.get("commit"):  # another run's checkpoint: said in the row itself
+        run_id = Path(demo["notes"]["summary"]["run_dir"]).name  # the demo's run: its checkpoints live under it
+        scored_this_run = f"/{run_id}/checkpoints/" in faithfulness["command"]
+        if faithfulness.get("commit") != demo.get("commit") or not scored_this_run:  # said in the row itself
             changes = " with uncommitted changes" if faithfulness.get("dirty") else ""
             values += f" (not this run: an earlier demo run's checkpoint, commit {faithfulness['commit'][:7]}{changes})"
         rows.append((f"deletion AUC, {slices} lesion slices (lower is better): rollout / last-block attention / "

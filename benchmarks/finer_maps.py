@@ -157,7 +157,7 @@ def paired_difference(differences: torch.Tensor) -> list[tuple[float, float]]:
 def heldout_manifest(family: str, root: Path | None = None) -> Path:
     """benchmarks/small_data.py's held-out family, as it builds it (its default patients, slices, splits), under
     ``root`` (default ``data/heldout``, ``data/heldout-far``)."""
-    import small_data  # a sibling script
+    from benchmarks import small_data
 
     root = root or small_data.family_root(family)
     phantom, seed = small_data.HELDOUT_FAMILIES[family]

@@ -288,3 +288,20 @@ def test_a_table_from_a_stale_record_says_so_under_it(tmp_path):
         code.write_text("x = 2\n")
         assert "**Measured with earlier code**: files it ran have changed" in docs.measured(current)
     assert "predates keeping the code" in docs.measured(record)
+
+
+def test_the_deletion_row_says_when_it_scored_another_run_than_the_demos(tmp_path):
+    """The targets table's deletion row is the README demo's only where the faithfulness record scored a checkpoint of
+    that run, at its commit; otherwise the row itself says whose checkpoint it was."""
+    for name in ("demo", "faithfulness"):
+        shutil.copy(RECORDS / f"{name}.json", tmp_path)
+    demo = json.loads((tmp_path / "demo.json").read_text())
+    run_id = demo["notes"]["summary"]["run_dir"].rstrip("/").split("/")[-1]
+    faithfulness = json.loads((tmp_path / "faithfulness.json").read_text())
+    for checkpoint, commit, said in [(f"runs/vit-ct/{run_id}/checkpoints/final.ckpt", demo["commit"], False),
+                                     ("runs/vit-ct/other/checkpoints/final.ckpt", demo["commit"], True),
+                                     (f"runs/vit-ct/{run_id}/checkpoints/final.ckpt", "0" * 40, True)]:  # fmt: skip
+        record = {**faithfulness, "command": f"python -m benchmarks.faithfulness --ckpt {checkpoint}", "commit": commit}
+        (tmp_path / "faithfulness.json").write_text(json.dumps(record))
+        row = docs.demo_targets_block(docs.Records(tmp_path)).splitlines()[-1]
+        assert row.startswith("| deletion AUC") and ("not this run" in row) == said, (checkpoint, commit)

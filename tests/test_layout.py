@@ -179,3 +179,18 @@ def test_the_top_of_the_package_holds_only_its_entry_points():
         str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py") if (n := len(p.read_text().splitlines())) > 400
     }
     assert not oversized, f"modules over 400 lines, split them by concept: {oversized}"
+
+
+def test_benchmarks_import_each_other_through_their_package():
+    """``benchmarks`` is a package: a bare ``import small_data`` of a sibling finds nothing when a benchmark runs as
+    ``python -m benchmarks.NAME`` (finer_maps and stem_relevance failed so)."""
+    folder = PACKAGE.parent / "benchmarks"
+    siblings = {path.stem for path in folder.glob("*.py")}
+    bare = []
+    for path in sorted(folder.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            bare += [f"{path.name}:{node.lineno} {name}" for name in names if name.split(".")[0] in siblings]
+    assert not bare, bare
