@@ -47,16 +47,16 @@ FLOORS_DEV := pytest scikit-learn pydicom-data  # the dev extras the subset impo
 # objects of predict --dicom_out read back (highdicom), the DICOMweb client against Orthanc.
 # test_states_merge_like_ddp is left out: only the test uses Metric.merge_state (torchmetrics 1.6); DDP reaches the
 # same states through torchmetrics' own sync, present in 1.4.
-FLOORS_TESTS := tests/test_layout.py tests/test_compat.py tests/test_model.py tests/test_attention.py \
-	tests/test_rollout.py tests/test_sink.py tests/test_checkpoint.py tests/test_contract.py \
-	tests/test_last_checkpoint.py tests/test_cli.py tests/test_failures.py tests/test_callbacks.py tests/test_reader.py \
-	tests/test_localisation.py tests/test_segmentation.py tests/test_datamodule.py tests/test_windows.py \
-	tests/test_dicom_objects.py tests/test_pacs.py \
-	--deselect tests/test_localisation.py::test_states_merge_like_ddp
-FLOORS_SLOW_TESTS := tests/test_cli.py::test_fit_then_predict_through_the_real_command \
-	tests/test_checkpoint.py::test_resume_after_sigkill_matches_an_uninterrupted_run \
-	tests/test_failures.py::test_an_error_prints_its_message_not_a_traceback \
-	tests/test_failures.py::test_a_run_logs_no_wandb_deprecation_noise_nor_lightnings_advertisement
+FLOORS_TESTS := tests/test_layout.py tests/run/test_compat.py tests/task/test_model.py tests/explain/test_attention.py \
+	tests/explain/test_rollout.py tests/task/test_sink.py tests/run/test_checkpoint.py tests/model/test_contract.py \
+	tests/run/test_last_checkpoint.py tests/run/test_cli.py tests/run/test_failures.py tests/run/test_callbacks.py tests/data/test_reader.py \
+	tests/metrics/test_localisation.py tests/explain/test_segmentation.py tests/data/test_datamodule.py tests/data/test_windows.py \
+	tests/predict/test_dicom_objects.py tests/pacs/test_pacs.py \
+	--deselect tests/metrics/test_localisation.py::test_states_merge_like_ddp
+FLOORS_SLOW_TESTS := tests/run/test_cli.py::test_fit_then_predict_through_the_real_command \
+	tests/run/test_checkpoint.py::test_resume_after_sigkill_matches_an_uninterrupted_run \
+	tests/run/test_failures.py::test_an_error_prints_its_message_not_a_traceback \
+	tests/run/test_failures.py::test_a_run_logs_no_wandb_deprecation_noise_nor_lightnings_advertisement
 
 floors:
 	rm -rf $(FLOORS_VENV) build  # build/: setuptools' copy of the package, which could keep removed modules

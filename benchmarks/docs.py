@@ -29,12 +29,16 @@ records kept one) or on a tree with uncommitted changes: what to measure again.
 from __future__ import annotations
 
 import argparse
+import ast
+import hashlib
 import re
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks.recording import RECORDS, cell, changed_code, describe, duration, markdown_table, read_record
+from benchmarks import recording
+from benchmarks.recording import RECORDS, cell, describe, duration, markdown_table, read_record
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"<!-- begin (?P<spec>[^>]*?) -->\n(?P<body>.*?)<!-- end -->", re.DOTALL)
@@ -83,6 +87,53 @@ def measured(record: dict) -> str:
     command = typed_today(record["command"])
     line = f"Measured by `{command}`{took} on {describe(machine)}{load}; {record['date'][:10]}, commit {commit}."
     return line + earlier_code(record)
+
+
+def changed_code(record: dict, root: Path | None = None) -> list[str] | None:
+    """The files a record ran whose code changed since (:func:`benchmarks.recording.changed_code`: other bytes, or
+    gone), less those that changed in comments and docstrings only: the file as git holds it at the record's commit,
+    those very bytes, parses to the same code as the file now. None for a record written before records kept their
+    code. (This check lives here, not in ``recording``, whose own code every record ran.)"""
+    root = recording.ROOT if root is None else root
+    changed = recording.changed_code(record, root)
+    if not changed or not record.get("commit"):
+        return changed
+    return [relative for relative in changed
+            if not _same_code_as_at(root, relative, record["code"][relative], record["commit"])]  # fmt: skip
+
+
+def _same_code_as_at(root: Path, relative: str, digest: str, commit: str) -> bool:
+    path = root / relative
+    if not path.is_file() or path.suffix not in (".py", ".yaml", ".yml"):
+        return False
+    try:
+        before = subprocess.run(["git", "show", f"{commit}:{relative}"], cwd=root, capture_output=True,
+                                check=True).stdout  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):  # no git, or a clone without that commit: the bytes decide
+        return False
+    if hashlib.sha256(before).hexdigest()[:16] != digest:  # not the file the record ran
+        return False
+    return _code_of(before, path.suffix) == _code_of(path.read_bytes(), path.suffix)
+
+
+def _code_of(source: bytes, suffix: str) -> object:
+    """What a file does, without its comments: a Python module's syntax tree less its docstrings (positions left out),
+    a YAML config's loaded value; a value equal to nothing for a file that does not parse."""
+    import yaml
+
+    try:
+        if suffix != ".py":
+            return yaml.safe_load(source)
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, yaml.YAMLError):
+        return object()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and body
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):  # fmt: skip
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree)
 
 
 def earlier_code(record: dict) -> str:
@@ -311,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def stale_records(folder: Path = RECORDS) -> list[str]:
-    """One line per record whose measured code changed since (:func:`benchmarks.recording.changed_code`), or that
+    """One line per record whose measured code changed since (:func:`changed_code`), or that
     was measured on a tree with uncommitted changes, or written before records kept their code: what to measure
     again before its figures are read as the current code's."""
     lines = []

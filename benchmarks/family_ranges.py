@@ -2,7 +2,7 @@
 setting, the range ``python -m vit_ct.sim.pretraining`` draws (``CohortConfig``'s defaults, the set behind
 ``configs/pretrain.yaml``) and each family's value (``HELDOUT``, ``HELDOUT_FAR`` in ``benchmarks/small_data.py``), with
 whether the value lies inside that range, outside it, or partly. ``make docs`` prints the table into the README and
-``tests/test_small_data.py`` checks every verdict against the pretraining's real draws.
+``tests/benchmarks/test_small_data.py`` checks every verdict against the pretraining's real draws.
 
     python -m benchmarks.family_ranges
 """

@@ -2,24 +2,38 @@
 
 from __future__ import annotations
 
+import atexit
+import logging
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+import lightning.pytorch
 import pytest
 import torch
 import yaml
 
 from vit_ct.task.settings import flat_config
 
+
+def _temporary_folder(variable: str, prefix: str) -> None:
+    """Sets ``variable`` to a new temporary folder unless it is set already (the xdist workers inherit the one the
+    controller made), and removes the folder when the process that made it ends."""
+    if variable not in os.environ:
+        os.environ[variable] = folder = tempfile.mkdtemp(prefix=prefix)
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+
+
 os.environ.setdefault("WANDB_MODE", "offline")  # tests never reach the network
 os.environ.setdefault("WANDB_SILENT", "true")
 # W&B stages artifacts (tables) under WANDB_DATA_DIR, by default in the home folder: keep tests out of it.
-os.environ.setdefault("WANDB_DATA_DIR", tempfile.mkdtemp(prefix="vit-ct-wandb-"))
+_temporary_folder("WANDB_DATA_DIR", "vit-ct-wandb-")
 # Check records and disk caches of the tests' manifests (by default under ~/.cache/vit-ct): kept out of the home folder.
-os.environ.setdefault("VIT_CT_CACHE_DIR", tempfile.mkdtemp(prefix="vit-ct-cache-"))
+_temporary_folder("VIT_CT_CACHE_DIR", "vit-ct-cache-")
 torch.set_num_threads(min(2, torch.get_num_threads()))
 # Under pytest-xdist (`make test` runs two workers) the cores are shared between the workers: each worker's threads, and
 # those of the processes its tests start (vit-ct takes OMP_NUM_THREADS as the user's choice), are its share, so that
@@ -30,8 +44,17 @@ if _WORKERS > 1:
     os.environ.setdefault("OMP_NUM_THREADS", str(_SHARE))
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
-# Overrides that shrink the demo config to seconds: a 2-block ViT at 32x32 on 64x64 slices.
+# Fixtures of the helper modules, for every folder: cq500_root; orthanc, orthanc_with_user.
+pytest_plugins = ["cq500_layout", "orthanc_servers"]
+# Lightning, imported before pytest's logging capture is in place (as those plugins import it, on pytest 8), stops its
+# logger propagating to the root: what `rank_zero_info` says would then reach stderr only, and `caplog` (which the
+# tests read the commands' lines from) would see nothing. Imported here, its lines go to both whatever the order.
+logging.getLogger(lightning.pytorch.__name__).propagate = True
+
 ROOT = Path(__file__).resolve().parents[1]
+DEMO = str(ROOT / "configs" / "demo.yaml")
+MANIFEST = str(ROOT / "configs" / "manifest.yaml")
+# Overrides that shrink the demo config to seconds: a 2-block ViT at 32x32 on 64x64 slices.
 TINY_MODEL_ARGS = ["--model.network.embed_dim", "32", "--model.network.depth", "2", "--model.network.num_heads", "2"]
 # What the tests' tiny models in Python take from the demo recipe (configs/demo.yaml), which ViTClassifier's defaults
 # leave off: stochastic depth and the mask-supervised losses; their width, depth, input and rate are their own.
@@ -41,15 +64,16 @@ DEMO_LEVERS = {
 }
 
 
-def run_vit_ct(*args: str, cwd: Path, pythonpath: Path | None = None) -> None:
+def run_vit_ct(*args: str, cwd: Path, pythonpath: Path | None = None) -> subprocess.CompletedProcess:
     """The installed ``vit-ct`` command in ``cwd`` (W&B offline; ``pythonpath`` first on its path, e.g. for a probe
-    callback); fails the test with its output if it fails."""
+    callback), run to its end; fails the test with its output if it fails."""
     env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
     if pythonpath is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pythonpath), env.get("PYTHONPATH")]))
     command = [str(Path(sys.executable).with_name("vit-ct")), *args]
     result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    return result
 
 
 def free_port() -> int:
@@ -107,6 +131,19 @@ def synthetic_set(tmp_path_factory):
     return data.manifest_path()
 
 
+@pytest.fixture(scope="module")
+def tiny_checkpoint(synthetic_set, tmp_path_factory) -> Path:
+    """``last.ckpt`` of a one-epoch demo-recipe fit of the tiny ViT (32 x 32: 2 x 2 patches of 16 px) on the tiny
+    synthetic set, made once for the tests of a module."""
+    from vit_ct.cli import main
+
+    folder = tmp_path_factory.mktemp("fit")
+    main(["fit", "--config", DEMO, *tiny_data_args(synthetic_set), *TINY_MODEL_ARGS, "--trainer.max_epochs", "1",
+          "--test_after_fit", "false", "--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
+          "--trainer.default_root_dir", str(folder)])  # fmt: skip
+    return next(folder.rglob("last.ckpt"))
+
+
 def tiny_data_args(manifest, *, img_size: int | None = 32) -> list[str]:
     """CLI overrides that point configs/demo.yaml's synthetic data at the tiny set; ``img_size`` None keeps the
     input size the configs resolve to (the README's chains run at it)."""
@@ -144,6 +181,18 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(marker)
         if (servers or used & COSTLY_FIXTURES) and not item.get_closest_marker("slow"):
             item.add_marker("medium")
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_as_they_were():
+    """A test that runs a command in this process (vit-ct's or Lightning's handlers) or sets a handler of its own
+    leaves SIGINT and SIGTERM as it found them, so that no later test depends on the order the tests ran in (one that
+    expects Python's KeyboardInterrupt failed after another in the same worker)."""
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for signum, handler in before.items():
+        if signal.getsignal(signum) is not handler and handler is not None:
+            signal.signal(signum, handler)
 
 
 @pytest.fixture(autouse=True)

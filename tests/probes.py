@@ -1,13 +1,17 @@
 """Test probes a `vit-ct` subprocess can load (``--trainer.callbacks+=probes.PauseAtBatch`` with this folder on
-PYTHONPATH): they make a run stop at a known point, so that a test can signal it there."""
+PYTHONPATH): they make a run stop, fail or record at a known point, so that a test can signal it there or read what
+it saw. They live here, not in the test modules that use them: a subprocess has only this folder on its path, not the
+room folder a test module sits in."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
 from pathlib import Path
 
+import torch
 from lightning.pytorch import Callback
 
 
@@ -169,3 +173,115 @@ def _caller() -> str:
     return " < ".join(
         f"{Path(f.filename).name}:{f.lineno}" for f in reversed(frames[-3:]) if "apply_func" not in f.filename
     )
+
+
+class CacheProbe(Callback):
+    """Test probe: writes, per rank, what its check read and cached, and each training slice's image sum."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = Path(folder)
+        self.sums: dict[int, float] = {}
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        for index, image in zip(batch["index"].tolist(), batch["image"], strict=True):
+            self.sums[index] = float(image.double().sum())
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        data = trainer.datamodule
+        record = {
+            "read": data.check_record.added,
+            "cached": data.slice_cache.written,
+            "cache": str(data.slice_cache.folder),
+            "sums": self.sums,
+        }
+        self.folder.mkdir(parents=True, exist_ok=True)
+        (self.folder / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
+
+
+class FailAtBatch(Callback):
+    """Test probe: raises at the start of batch ``batch`` of training or prediction."""
+
+    def __init__(self, batch: int = 0) -> None:
+        self.batch = batch
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if batch_idx == self.batch:
+            raise RuntimeError("probe: failing on purpose")
+
+    def on_predict_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        if batch_idx == self.batch:
+            raise RuntimeError("probe: failing on purpose")
+
+
+class PauseInValidation(Callback):
+    """Test probe: in the second epoch's validation, before its metrics sync, every rank writes ``folder/rank<r>``
+    (its pid) and rank ``rank`` sleeps ``seconds``, so that the others wait for it in the next collective."""
+
+    def __init__(self, folder: str, rank: int = 0, seconds: float = 300.0) -> None:
+        self.folder, self.rank, self.seconds = Path(folder), rank, seconds
+
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        if trainer.sanity_checking or trainer.current_epoch != 1:
+            return
+        (self.folder / f"rank{trainer.global_rank}").write_text(str(os.getpid()))
+        if trainer.global_rank == self.rank:
+            time.sleep(self.seconds)
+
+
+class StallAtStep(Callback):
+    """Test probe: stops making progress (without exiting) once ``step`` optimizer steps are done."""
+
+    def __init__(self, step: int, marker: str) -> None:
+        self.step, self.marker = step, Path(marker)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            self.marker.write_text(str(batch_idx))
+            time.sleep(300)  # the test kills it long before
+
+
+class RecordIndices(Callback):
+    """Test probe: writes, per rank and stage, the slice indices it ran on (with ``valid``) and the final metrics."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = Path(folder)
+        self.seen: dict[str, list] = {}
+
+    def _record(self, stage: str, batch: dict) -> None:
+        pairs = zip(batch["index"].tolist(), batch["valid"].tolist(), strict=True)
+        self.seen.setdefault(stage, []).extend(pairs)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        torch.set_num_threads(1)  # two processes share the two cores
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._record("train", batch)
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        if not trainer.sanity_checking:
+            self._record("val", batch)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if trainer.sanity_checking:
+            return
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
+        record = {"world_size": trainer.world_size, "seen": self.seen, "metrics": metrics}
+        self.folder.mkdir(parents=True, exist_ok=True)
+        name = f"{trainer.state.fn.value}-rank{trainer.global_rank}.json"
+        (self.folder / name).write_text(json.dumps(record))
+
+
+class FillDisk(Callback):
+    """Test probe: at the start of the second epoch, fills the disk holding ``folder`` to its last byte."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = Path(folder)
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        if trainer.current_epoch == 1:
+            with open(self.folder / "filler", "wb", buffering=0) as filler:
+                try:
+                    while True:
+                        filler.write(b"\0" * 4096)
+                except OSError as err:
+                    assert err.errno == errno.ENOSPC

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
 
 import pytest
 from conftest import ROOT
@@ -74,7 +75,7 @@ SETTINGS = {
     "P(lesion) 0.873": "an example caption",
     "several times as much": "points at the table above",
     "( to 0.75)": "an option's range (after a code span)",
-    "HD95 within 0.01 mm": "the card test's tolerance (tests/test_shipped.py)",
+    "HD95 within 0.01 mm": "the card test's tolerance (tests/model/test_shipped.py)",
 }
 # Numbers the docs state as prose without a record, each with where it comes from (the issue's rule: a paper's
 # figure, a configuration value, a fact of the file format or the code).
@@ -257,6 +258,29 @@ def test_a_record_keeps_the_code_it_ran_and_the_check_lists_what_changed_since(t
         "earlier code: r (written before records kept the code they ran)",
         "uncommitted: r (measured on commit abc with changes)",
     ]
+
+
+def test_a_comment_edited_since_leaves_the_record_current_and_a_code_edit_does_not(tmp_path):
+    """A record stays current through an edit of comments and docstrings (the file at the record's commit, read
+    without them, is the same code); any change to what the file does, or a commit git does not have, lists it."""
+    root = tmp_path / "checkout"
+    (root / "configs").mkdir(parents=True)
+    (root / "probe.py").write_text("x = 1  # ten\n")
+    (root / "configs" / "x.yaml").write_text("a: 1  # ten\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], cwd=root, check=True)
+    subprocess.run([*git, "add", "."], cwd=root, check=True)
+    subprocess.run([*git, "commit", "-qm", "m"], cwd=root, check=True)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
+    record = {"commit": commit, "code": {name: records_module._digest(root / name)
+                                         for name in ("probe.py", "configs/x.yaml")}}  # fmt: skip
+    (root / "probe.py").write_text('"""A docstring."""\n# a note\nx = 1  # eleven\n\n')
+    (root / "configs" / "x.yaml").write_text("# a note\na: 1\n")
+    assert docs.changed_code(record, root=root) == []
+    assert docs.changed_code({**record, "commit": "0" * 40}, root=root) == ["configs/x.yaml", "probe.py"]
+    (root / "probe.py").write_text("x = 2  # eleven\n")
+    (root / "configs" / "x.yaml").write_text("a: 2\n")
+    assert docs.changed_code(record, root=root) == ["configs/x.yaml", "probe.py"]
 
 
 def test_the_projects_records_refuse_a_tree_with_uncommitted_changes():

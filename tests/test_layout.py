@@ -14,6 +14,7 @@ CLI but ``python -m vit_ct``; no import cycle anywhere.
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -186,11 +187,42 @@ def test_benchmarks_import_each_other_through_their_package():
     ``python -m benchmarks.NAME`` (finer_maps and stem_relevance failed so)."""
     folder = PACKAGE.parent / "benchmarks"
     siblings = {path.stem for path in folder.glob("*.py")}
-    bare = []
-    for path in sorted(folder.glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
-            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module]
-            bare += [f"{path.name}:{node.lineno} {name}" for name in names if name.split(".")[0] in siblings]
+    bare = [f"{path.name}:{line} {name}" for path in sorted(folder.glob("*.py"))
+            for line, name in _absolute_imports(path) if name.split(".")[0] in siblings]  # fmt: skip
     assert not bare, bare
+
+
+def _absolute_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every absolute import in ``path``: ``import a.b`` and ``from a.b import c`` give ``a.b``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.lineno, node.module))
+    return found
+
+
+def test_the_tests_mirror_the_rooms():
+    """A room's tests live in the folder of its name (``tests/data/`` for ``vit_ct/data``, ``tests/benchmarks/`` for
+    ``benchmarks``); at the top of ``tests/`` only what spans the checkout (layout, docs, README, the progress bars of
+    every room) and the helpers the folders share."""
+    tests = Path(__file__).resolve().parent
+    rooms = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()} | {"benchmarks"}
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and not p.name.startswith((".", "__"))}
+    assert folders <= rooms, f"test folders that name no room: {sorted(folders - rooms)}"
+    top = sorted(p.name for p in tests.glob("test_*.py"))
+    assert top == ["test_docs.py", "test_layout.py", "test_progress.py", "test_readme.py"], top
+    names = Counter(p.name for p in tests.rglob("test_*.py"))
+    assert all(n == 1 for n in names.values()), [name for name, n in names.items() if n > 1]  # one module name each
+    # A test module imports another only from its own folder (pytest puts that folder on the path); what two folders
+    # share is a helper at the top of tests/ (conftest, cq500_layout, orthanc_servers, signalled, ...).
+    reached = [f"{path.relative_to(tests)}:{line} {name}" for path in sorted(tests.glob("*/test_*.py"))
+               for line, name in _absolute_imports(path) if name.startswith("test_")
+               and not (path.parent / f"{name}.py").is_file() and not (tests / f"{name}.py").is_file()]  # fmt: skip
+    assert not reached, reached
+    # A `vit-ct` subprocess has only the top of tests/ on its path: the callbacks it loads by name are there (probes).
+    loaded = [f"{path.relative_to(tests)}: {name}" for path in sorted(tests.rglob("test_*.py"))
+              for name in re.findall(r"callbacks\+=(\w+)\.", path.read_text())
+              if not (tests / f"{name}.py").is_file()]  # fmt: skip
+    assert not loaded, f"probe callbacks a subprocess cannot import (move them to tests/probes.py): {loaded}"

@@ -151,8 +151,8 @@ def user_files(folder: Path, synthetic_set: Path) -> None:
     patient's slices)."""
     import nibabel as nib
     import numpy as np
-    from test_datasets_cq500 import write_cq500
-    from test_rsna import phantom_hu, write_ct_dicom
+    from cq500_layout import write_cq500
+    from rsna_files import phantom_hu, write_ct_dicom
 
     from vit_ct import load_ct_slice
 
