@@ -1,7 +1,7 @@
 """Peak memory of training from scan labels beside slice labels, on one large manifest: the same slices listed twice,
 once with a label per slice (``label``) and once with one label per scan only (``scan_label``, multiple-instance
 learning, :mod:`vit_ct.task.scan_bags`), each trained by the installed ``vit-ct fit`` in a fresh process, the two
-alternated, at each ``data.cache``. Each process's peak resident memory comes from the kernel (``wait4``), and a probe
+alternated, at each ``data.cache``. Each process's peak resident memory is its own ``VmHWM`` as it ends, and a probe
 inside the run reports the largest batch, the most slices of one scan in a batch, the scans cut across batches and
 the scan-bag memory's size, so that the record shows whether a scan is ever held whole beyond one batch.
 """
@@ -9,6 +9,7 @@ the scan-bag memory's size, so that the record shows whether a scan is ever held
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import shutil
@@ -35,19 +36,36 @@ LAYOUT = 2  # of the set's files and manifests: a set built by other code is reb
 FIELD_MM = 230.0  # a head CT's field of view: the slices' pixel spacing is FIELD_MM / size
 
 
+def peak_resident_kib() -> int:
+    """This process's largest resident set in KiB: ``VmHWM``, the peak of its own memory since it started. Not
+    ``ru_maxrss`` (nor ``wait4``'s): on Linux a child starts from its parent's high-water mark, so a run smaller than
+    this benchmark's own process would read the benchmark's peak. ``ru_maxrss`` only where there is no ``/proc``."""
+    try:
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def write_peak_at_exit(path: Path) -> None:
+    """At this process's end (a return or ``sys.exit``), its :func:`peak_resident_kib` into ``path``."""
+    atexit.register(lambda: Path(path).write_text(str(peak_resident_kib())))
+
+
 class MemoryProbe(Callback):
     """Inside a `vit-ct fit` (``--trainer.callbacks+=scan_memory.MemoryProbe``, benchmarks/ on PYTHONPATH): what one
     training batch held and what the scan-bag memory holds, written to ``path`` (JSON) when training ends."""
 
     def __init__(self, path: str) -> None:
         self.path = Path(path)
+        write_peak_at_exit(self.path.with_suffix(".peak"))  # the whole run's, final validation and summary included
         self.largest_batch = self.most_of_one_scan = self.batches = 0
         self.batches_of_scan: dict[tuple[int, int], set[int]] = {}  # (epoch, scan) -> the steps holding its slices
 
     def on_train_start(self, trainer, pl_module) -> None:
-        import resource
-
-        self.peak_before_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # setup, data read and cached
+        self.peak_before_kib = peak_resident_kib()  # setup, data read and cached
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self.batches += 1
@@ -61,14 +79,12 @@ class MemoryProbe(Callback):
             self.batches_of_scan.setdefault((trainer.current_epoch, scan), set()).add(trainer.global_step)
 
     def on_train_end(self, trainer, pl_module) -> None:
-        import resource
-
         memory = pl_module.scan_bags.memory
         held = [t for t in (memory.evidence, memory.scans) if t is not None]
         cut = {scan for (_, scan), steps in self.batches_of_scan.items() if len(steps) > 1}  # in some epoch
         record = {
             "peak_before_training_kib": self.peak_before_kib,
-            "peak_after_training_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+            "peak_after_training_kib": peak_resident_kib(),
             "training_rows": len(trainer.train_dataloader.dataset),
             "batches": self.batches, "largest_batch": self.largest_batch, "most_of_one_scan": self.most_of_one_scan,
             "scans_trained": len({scan for _, scan in self.batches_of_scan}),
@@ -148,9 +164,12 @@ def build_set(root: Path, lengths: np.ndarray, *, size: int, bleed_fraction: flo
     return manifests
 
 
-def peak_of(command: list[str], *, cwd: Path, env: dict, log: Path, timeout: float) -> tuple[int, int, float]:
-    """Run ``command``; its exit status, its peak resident memory (KiB, from the kernel's accounting of that one
-    process, ``wait4``) and its wall-clock seconds."""
+def peak_of(
+    command: list[str], *, cwd: Path, env: dict, log: Path, timeout: float, peak: Path
+) -> tuple[int, int, float]:
+    """Run ``command``; its exit status, its peak resident memory (KiB: what the process wrote into ``peak`` as it
+    ended, :func:`write_peak_at_exit`; ``wait4``'s, an upper bound, where it wrote none) and its wall-clock seconds."""
+    peak.unlink(missing_ok=True)
     start = time.perf_counter()
     with log.open("w") as out:
         process = subprocess.Popen(command, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -161,7 +180,8 @@ def peak_of(command: list[str], *, cwd: Path, env: dict, log: Path, timeout: flo
         finally:
             timer.cancel()
     process.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
-    return process.returncode, usage.ru_maxrss, time.perf_counter() - start
+    own = int(peak.read_text()) if peak.is_file() else usage.ru_maxrss
+    return process.returncode, own, time.perf_counter() - start
 
 
 def fit_command(manifest: Path, probe: Path, *, cache: str, args: argparse.Namespace) -> list[str]:
@@ -184,7 +204,10 @@ def fit_command(manifest: Path, probe: Path, *, cache: str, args: argparse.Names
 # The pre-run check of a manifest alone (every file read, its verdicts kept for the runs): out of the measured runs,
 # so that both kinds start from a kept check record, and its own peak beside them.
 _CHECK = """import sys
+from pathlib import Path
+from scan_memory import write_peak_at_exit
 from vit_ct.data.loading.datamodule import CTSliceDataModule
+write_peak_at_exit(Path(sys.argv[3]))
 CTSliceDataModule(sys.argv[1], cache=False, img_size=int(sys.argv[2]), num_workers=0).setup("fit")
 """
 
@@ -255,7 +278,7 @@ def main(argv: list[str] | None = None) -> dict:
                "fit": f"configs/finetune.yaml from scratch, a 2-block ViT of width 32 at {args.size} px, [brain],"
                       f" batch {args.batch_size}, {args.epochs} epochs of {args.train_batches} training batches (a"
                       f" float: that fraction of the epoch) and {args.val_batches} validation batches, no workers",
-               "peak": "ru_maxrss of each `vit-ct fit` process (wait4): its largest resident set over the whole run"
+               "peak": "VmHWM of each `vit-ct fit` process as it ends: its own largest resident set over the whole run"
                        " (with the final validation and summary after training); at training's start and end: the"
                        " same, read inside the run at Lightning's on_train_start (after setup, the check and any"
                        " cache) and on_train_end",
@@ -271,8 +294,9 @@ def check_manifests(manifests: dict[str, Path], runs_dir: Path, *, env: dict, ar
     figures = {}
     for kind, manifest in manifests.items():
         log = runs_dir / f"check_{kind}.log"
-        status, peak, seconds = peak_of([sys.executable, "-c", _CHECK, str(manifest), str(args.size)], cwd=args.root,
-                                        env=env, log=log, timeout=args.timeout)  # fmt: skip
+        own = runs_dir / f"check_{kind}.peak"
+        status, peak, seconds = peak_of([sys.executable, "-c", _CHECK, str(manifest), str(args.size), str(own)],
+                                        cwd=args.root, env=env, log=log, timeout=args.timeout, peak=own)  # fmt: skip
         if status != 0:
             raise RuntimeError(f"the check of {manifest} failed (exit {status}): {log.read_text()[-3000:]}")
         figures.update({f"check_{kind}_peak_mib": mib(peak), f"check_{kind}_s": seconds})
@@ -291,7 +315,7 @@ def fit_runs(manifests: dict[str, Path], runs_dir: Path, *, env: dict, args: arg
                 probe = folder / "probe.json"
                 command = fit_command(manifests[kind], probe, cache=cache, args=args)
                 status, peak, seconds = peak_of(command, cwd=folder, env=env, log=folder / "fit.log",
-                                                timeout=args.timeout)  # fmt: skip
+                                                timeout=args.timeout, peak=probe.with_suffix(".peak"))  # fmt: skip
                 found = json.loads(probe.read_text()) if status == 0 and probe.exists() else {}
                 runs.append({"kind": kind, "cache": cache, "repeat": repeat, "status": status, "peak_kib": peak,
                              "seconds": round(seconds, 1), **found})  # fmt: skip

@@ -73,3 +73,6 @@ def test_the_benchmark_trains_both_manifests_and_records_consistent_figures(tmp_
     slice_run = next(r for r in runs if r["kind"] == "slice")
     assert slice_run["scan_memory_bytes"] == 0  # slice labels: nothing remembered
     assert scan_run["peak_before_training_kib"] <= scan_run["peak_after_training_kib"] <= scan_run["peak_kib"]
+    # every peak is the process's own, written as it ended (two checks, two fits), not wait4's count, which starts
+    # from this test process's own high-water mark
+    assert len(list((tmp_path / "set" / "runs").rglob("*.peak"))) == 4

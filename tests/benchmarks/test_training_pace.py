@@ -34,3 +34,23 @@ def test_fit_causes_returns_each_known_duration_and_they_add_up():
     assert ms["total"] == pytest.approx(530 + 100 / 3, abs=1e-6)
     assert ms["images_per_s"] == pytest.approx(32 / (ms["total"] / 1000))
     assert ms["page_faults"] == 1000 and ms["peak_rss_mib"] == 900.0
+
+
+@pytest.mark.medium
+def test_a_launched_process_reads_its_own_peak_memory_not_its_parents():
+    """The table's peak memory is each run's own: a child of a process holding 3 GiB reads what it used itself (about
+    0.9 GiB: torch, Lightning and vit-ct imported), where ``ru_maxrss`` starts from the parent's high-water mark (every
+    row of a record read the benchmark's 2.3 GiB)."""
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    held = np.ones(3 * 1024**3 // 8)  # 3 GiB resident in this process
+    code = ("import resource; from benchmarks.training_pace import peak_resident_kib;"
+            " print(peak_resident_kib(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")  # fmt: skip
+    own, inherited = map(int, subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                             check=True).stdout.split())  # fmt: skip
+    assert held.sum() == 3 * 1024**3 // 8
+    assert inherited > 3 * 1024**2  # KiB: the kernel's ru_maxrss carries the parent's 3 GiB
+    assert own < 2 * 1024**2, own  # its own imports only
