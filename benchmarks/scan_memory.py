@@ -168,7 +168,12 @@ def peak_of(
     command: list[str], *, cwd: Path, env: dict, log: Path, timeout: float, peak: Path
 ) -> tuple[int, int, float]:
     """Run ``command``; its exit status, its peak resident memory (KiB: what the process wrote into ``peak`` as it
-    ended, :func:`write_peak_at_exit`; ``wait4``'s, an upper bound, where it wrote none) and its wall-clock seconds."""
+    ended, :func:`write_peak_at_exit`; for a failed run that wrote none, ``wait4``'s, an upper bound) and its
+    wall-clock seconds.
+
+    Raises:
+        RuntimeError: the process succeeded without writing ``peak`` (its own peak is then unknown).
+    """
     peak.unlink(missing_ok=True)
     start = time.perf_counter()
     with log.open("w") as out:
@@ -180,6 +185,8 @@ def peak_of(
         finally:
             timer.cancel()
     process.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
+    if process.returncode == 0 and not peak.is_file():
+        raise RuntimeError(f"{command[0]} ended without writing its peak memory into {peak}")
     own = int(peak.read_text()) if peak.is_file() else usage.ru_maxrss
     return process.returncode, own, time.perf_counter() - start
 
