@@ -176,3 +176,19 @@ def test_a_checkpoint_name_never_claims_a_score_that_was_not_measured(tmp_path, 
     callback = BestAndLastCheckpoint(dirpath=tmp_path, filename="final-epoch{epoch:02d}-auroc{val/auroc:.4f}",
                                      auto_insert_metric_name=False)  # fmt: skip
     assert callback.format_checkpoint_name(metrics).endswith(f"{name}.ckpt")
+
+
+def test_a_contract_with_context_says_it_and_one_without_stores_as_before():
+    alone = InputContract.of(img_size=64, patch_size=16, windows=["brain", "subdural"],
+                             read_options={"modalities": ["CT"], "stored_values_are_hu": False})  # fmt: skip
+    assert "context_mm" not in alone.to_dict() and alone.slices == 1  # checkpoints without context: as before
+    around = InputContract.of(img_size=64, patch_size=16, windows=["brain", "subdural"], context_mm=5,
+                              read_options={"modalities": ["CT"], "stored_values_are_hu": False})  # fmt: skip
+    assert (around.in_chans, around.slices, around.context_mm) == (6, 3, 5.0)
+    assert InputContract.from_dict(around.to_dict()) == around
+    assert around.data_arguments()["context_mm"] == 5.0 and "context_mm" not in alone.data_arguments()
+    assert around.describe().endswith(", each slice with its neighbours 5 mm below and above")
+    with pytest.raises(ValueError, match="one channel per window and slice"):
+        InputContract(64, 16, 2, ((40.0, 80.0), (80.0, 200.0)), None, 5.0)
+    with pytest.raises(ValueError, match="context_mm is a distance > 0"):
+        InputContract(64, 16, 6, None, None, -1.0)

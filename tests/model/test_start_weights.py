@@ -100,3 +100,36 @@ def test_architecture_arguments_the_shipped_weights_overrule_are_named():
     with warnings.catch_warnings():  # the arguments the weights agree with, or left at their defaults: no word
         warnings.simplefilter("error")
         ViTClassifier.from_hparams(pretrained=SHIPPED, img_size=256, in_chans=2, depth=6, stem="conv")
+
+
+def test_weights_of_single_slices_read_the_slice_itself_in_a_model_with_context():
+    """Shipped weights (single slices, two windows) in a model that reads each slice with its neighbours: its first
+    convolution holds their kernels on the slice's own channels and zeros on the neighbours', so it starts as they
+    read the slice; the contract keeps their windows and says the context."""
+    with pytest.warns(UserWarning, match="they read slices with neighbours 5 mm below and above"):
+        model = ViTClassifier.from_hparams(pretrained=SHIPPED, context_mm=5.0).eval()
+    alone = ViTClassifier.from_hparams(pretrained=SHIPPED).eval()
+    contract = model.input_contract
+    assert (contract.in_chans, contract.context_mm, contract.windows) == (6, 5.0, alone.input_contract.windows)
+    assert model.hparams.in_chans == 6 and model.hparams.context_mm == 5.0
+    torch.manual_seed(0)
+    image = torch.rand(2, 2, 256, 256)
+    image[:, :, :64] = 0.0  # air patches (the shipped network skips them): the same in every slice here
+    with torch.no_grad():
+        torch.testing.assert_close(model(image.repeat(1, 3, 1, 1)), alone(image), rtol=1e-4, atol=1e-4)
+
+
+def test_a_tiny_model_with_context_ignores_its_neighbours_at_the_start_and_keeps_them_after_a_save(tmp_path):
+    torch.manual_seed(0)
+    alone = ViTClassifier.from_hparams(**{**TINY, "in_chans": 2, "mask_air": False}).eval()
+    path = tmp_path / "alone.pth"
+    torch.save(alone.vit.state_dict(), path)
+    settings = {**TINY, "in_chans": 6, "mask_air": False, "context_mm": 2.5}
+    with pytest.warns(UserWarning, match="fresh initialisation"):  # the patch head, not in a timm state dict
+        model = ViTClassifier.from_hparams(**settings, weights=str(path)).eval()
+    kernels = model.vit.patch_embed.proj[0].weight
+    torch.testing.assert_close(kernels[:, :2], alone.vit.patch_embed.proj[0].weight)
+    assert not kernels[:, 2:].any()
+    image = torch.rand(3, 6, 32, 32)
+    with torch.no_grad():  # whatever the neighbours hold
+        torch.testing.assert_close(model(image), alone(image[:, :2]), rtol=1e-5, atol=1e-5)

@@ -27,8 +27,10 @@ BASELINE_HU = 30.0  # normal brain
 
 def brain_baseline(image: torch.Tensor, head: torch.Tensor, windows: Sequence[tuple[float, float]]) -> torch.Tensor:
     """The slice with every head pixel at :data:`BASELINE_HU`, windowed per channel; ``(B, C, S, S)`` from the image
-    and its ``(B, 1, S, S)`` head mask."""
+    and its ``(B, 1, S, S)`` head mask. A model with context reads ``windows`` for each of three slices: its
+    neighbours' channels take the baseline at the same pixels."""
     fill = torch.stack([window_hu(torch.tensor(BASELINE_HU), c, w) for c, w in windows]).float()  # (C,) in [0, 1]
+    fill = fill.repeat(image.shape[1] // len(windows))
     return torch.where(head > 0.5, fill[None, :, None, None].to(image), image)
 
 

@@ -35,11 +35,12 @@ def grid_offsets(patch_size: int, shifts: int) -> list[tuple[int, int]]:
 
 
 def air_level(windows: Sequence[tuple[float, float]] | None, channels: int) -> torch.Tensor:
-    """``(channels,)``: air (-1000 HU) through each window, what the model grid's padding holds; 0 where the windows
-    are unknown (every preset maps air to 0)."""
+    """``(channels,)``: air (-1000 HU) through each window, what the model grid's padding holds (the windows repeat
+    for each slice a model with context reads); 0 where the windows are unknown (every preset maps air to 0)."""
     if windows is None:
         return torch.zeros(channels)
-    return torch.stack([window_hu(torch.tensor(AIR_HU), center, width) for center, width in windows]).float()
+    levels = torch.stack([window_hu(torch.tensor(AIR_HU), center, width) for center, width in windows]).float()
+    return levels.repeat(channels // len(windows))
 
 
 def shift_image(image: torch.Tensor, dy: int, dx: int, fill: torch.Tensor) -> torch.Tensor:

@@ -18,8 +18,13 @@ class Network:
             weights), else the data modules' default, 192. A value other than the weights' resamples their position
             embeddings, said in one warning.
         patch_size: Side of a patch in pixels.
-        in_chans: Input channels, one per HU window (linked to the data's windows in the CLI). None: the start
-            weights' own, else 2, the data modules' default windows (brain, subdural).
+        in_chans: Input channels, one per HU window of each slice read (linked to the data in the CLI). None: the
+            start weights' own, else 2, the data modules' default windows (brain, subdural), times 3 with context.
+        context_mm: The network reads each slice with its neighbours this far below and above (linked to
+            ``data.context_mm`` in the CLI): the slice's own windows, then the slice below's, then the one above's.
+            Start weights that read single slices read the slice itself: their first convolution's kernels on its
+            channels, zeros on the neighbours' (and the other way round, a context start's own-slice kernels).
+            None: each slice alone, or the start weights' own context.
         stem: ``patch``: timm's linear patch embedding; ``conv``: a convolutional stem with the same token grid,
             which trains much better from scratch on small data (arXiv:2106.14881). None: the stem the start weights
             (``weights``, ``pretrained``) hold, so that they load whole; ``conv`` without start weights.
@@ -40,6 +45,7 @@ class Network:
     img_size: int | None = None
     patch_size: int = 16
     in_chans: int | None = None
+    context_mm: float | None = None
     stem: Literal["patch", "conv"] | None = None
     embed_dim: int | None = None
     depth: int | None = None

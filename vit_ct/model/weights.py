@@ -82,7 +82,12 @@ def read_start(weights: str | Path | None, pretrained: str | None) -> StartWeigh
 
 
 def load_start(
-    model: torch.nn.Module, start: StartWeights, given: dict[str, Any], *, own_architecture: bool
+    model: torch.nn.Module,
+    start: StartWeights,
+    given: dict[str, Any],
+    *,
+    own_architecture: bool,
+    slices: tuple[int, int] = (1, 1),
 ) -> list[str]:
     """Load the start weights into ``model`` (its timm network ``model.vit``) as :func:`load_state` does; first, where
     the network took the weights' ``own_architecture`` (:func:`start_architecture`), warn about the architecture
@@ -91,7 +96,7 @@ def load_start(
     if own_architecture:
         named = f"--model.pretrained {start.tag}" if start.tag is not None else start.source
         warn_overruled_architecture(named, given, built_architecture(model.vit, model.hparams))
-    return load_state(model, start.state, vit=model.vit, source=start.source)
+    return load_state(model, start.state, vit=model.vit, source=start.source, slices=slices)
 
 
 def choose_stem(stem: Literal["patch", "conv"] | None, start: StartWeights | None) -> Literal["patch", "conv"]:
@@ -108,9 +113,12 @@ def choose_stem(stem: Literal["patch", "conv"] | None, start: StartWeights | Non
     return held or "conv"
 
 
-def adapt_state_dict(state: dict[str, torch.Tensor], model: VisionTransformer) -> dict[str, torch.Tensor]:
+def adapt_state_dict(
+    state: dict[str, torch.Tensor], model: VisionTransformer, *, slices: tuple[int, int] = (1, 1)
+) -> dict[str, torch.Tensor]:
     """Reshape a ViT state dict to ``model``: input channels (of a linear patch embedding or a conv stem),
-    position-embedding grid, head size."""
+    position-embedding grid, head size. ``slices``: the slices the weights and the model read for one (1, or 3 with
+    context; :func:`read_as_centre`)."""
     target = model.state_dict()
     state = dict(state)
     if any(k.startswith("patch_embed.") for k in state) and set(stem_keys(state)) != set(stem_keys(target)):
@@ -119,9 +127,13 @@ def adapt_state_dict(state: dict[str, torch.Tensor], model: VisionTransformer) -
     # The convolution that sees the image: timm's linear patch embedding (patch_embed.proj.weight) or the first conv
     # of the conv stem (patch_embed.proj.0.weight); module order puts it first among the 4-D patch_embed tensors.
     conv = next((k for k, v in target.items() if k.startswith("patch_embed.") and v.ndim == 4), None)
+    per_slice = _per_slice(state[conv], slices[0]) if conv in state else None
     if conv in state and state[conv].shape[1] != target[conv].shape[1]:
-        # timm's rule, from any number of channels: -> 1 sums the kernels; -> N repeats them, scaled by source / N.
-        state[conv] = adapt_input_conv(target[conv].shape[1], state[conv], base_chans=state[conv].shape[1])
+        if slices[0] != slices[1] and per_slice is not None and per_slice == _per_slice(target[conv], slices[1]):
+            # the same windows read for another number of slices: the slice's own kernels carry over
+            state[conv] = read_as_centre(state[conv], per_slice, target[conv].shape[1])
+        else:  # timm's rule, from any number of channels: -> 1 sums the kernels; -> N repeats them, scaled
+            state[conv] = adapt_input_conv(target[conv].shape[1], state[conv], base_chans=state[conv].shape[1])
     if "pos_embed" in state and "pos_embed" in target and state["pos_embed"].shape != target["pos_embed"].shape:
         prefix = 0 if getattr(model, "no_embed_class", False) else model.num_prefix_tokens
         state["pos_embed"] = resample_abs_pos_embed(
@@ -228,8 +240,29 @@ def pretrained_state_dict(tag: str) -> dict[str, torch.Tensor]:
         ) from None
 
 
+def _per_slice(kernel: torch.Tensor, slices: int) -> int | None:
+    """Input channels of a first convolution per slice read, None where they do not divide."""
+    channels = kernel.shape[1]
+    return channels // slices if channels % slices == 0 else None
+
+
+def read_as_centre(kernel: torch.Tensor, per_slice: int, channels: int) -> torch.Tensor:
+    """A first convolution's kernels ``(out, C_in, k, k)`` for ``channels`` inputs that hold the same ``per_slice``
+    windows for another number of slices, the slice's own channels first (:mod:`vit_ct.data.transforms.contract`):
+    the slice's own kernels as they are; zeros for neighbours the weights never saw, so that the network starts as
+    the weights read the slice; a neighbour's kernels dropped where the model reads fewer slices."""
+    out = kernel.new_zeros((kernel.shape[0], channels, *kernel.shape[2:]))
+    out[:, :per_slice] = kernel[:, :per_slice]
+    return out
+
+
 def load_state(
-    model: torch.nn.Module, state: dict[str, torch.Tensor], *, vit: VisionTransformer, source: str
+    model: torch.nn.Module,
+    state: dict[str, torch.Tensor],
+    *,
+    vit: VisionTransformer,
+    source: str,
+    slices: tuple[int, int] = (1, 1),
 ) -> list[str]:
     """Copy a ViT state dict into ``model`` (whose timm network is ``vit``), adapted to it (:func:`adapt_state_dict`);
     returns the keys left at their fresh initialisation, and names them in one warning. ``source`` names the weights
@@ -238,7 +271,7 @@ def load_state(
     error = misfit_error(state, vit, source)  # before adapting: timm's helpers fail on tensors of another network
     if error is not None:
         raise error
-    state = adapt_state_dict(state, vit)
+    state = adapt_state_dict(state, vit, slices=slices)
     # Heads that live beside the timm network (e.g. the patch head) keep their own prefix.
     target = model.state_dict()
     vit_prefix = next(name for name, module in model.named_modules() if module is vit)

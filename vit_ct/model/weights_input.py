@@ -21,7 +21,7 @@ from typing import Any, Literal, NamedTuple
 import torch
 from lightning_utilities.core.rank_zero import rank_zero_warn  # the same rank Lightning sets
 
-from vit_ct.data.transforms.contract import DEFAULT_IMG_SIZE, DEFAULT_WINDOWS, InputContract
+from vit_ct.data.transforms.contract import DEFAULT_IMG_SIZE, DEFAULT_WINDOWS, InputContract, slices_read
 from vit_ct.model import shipped
 
 # values of --ckpt_path that Lightning resolves itself (not files)
@@ -88,34 +88,48 @@ def weights_input(
 
 
 def model_input(
-    seen: WeightsInput | None, *, img_size: int | None, in_chans: int | None, patch_size: int
+    seen: WeightsInput | None,
+    *,
+    img_size: int | None,
+    in_chans: int | None,
+    patch_size: int,
+    context_mm: float | None = None,
 ) -> InputContract:
-    """How a model built with ``img_size`` and ``in_chans`` from weights that see as ``seen`` sees its input: the
-    weights' own contract where the arguments leave a value to them (None) or agree with it; else the arguments', said
-    in one warning (their position embeddings resampled, their first convolution adapted, their windows no longer
-    known). Without weights that know their input, a None takes the data module's default (192 x 192, 2 windows).
+    """How a model built with ``img_size``, ``in_chans`` and ``context_mm`` from weights that see as ``seen`` sees its
+    input: the weights' own contract where the arguments leave a value to them (None) or agree with it; else the
+    arguments', said in one warning (their position embeddings resampled, their first convolution adapted, their
+    windows no longer known unless only the context changed). Without weights that know their input, a None takes the
+    data module's default (192 x 192, 2 windows, each slice alone).
     """
     if seen is None:
-        return InputContract(
-            DEFAULT_IMG_SIZE if img_size is None else img_size,
-            patch_size,
-            len(DEFAULT_WINDOWS) if in_chans is None else in_chans,
-        )
+        channels = len(DEFAULT_WINDOWS) * slices_read(context_mm) if in_chans is None else in_chans
+        return InputContract(DEFAULT_IMG_SIZE if img_size is None else img_size, patch_size, channels,
+                             context_mm=context_mm)  # fmt: skip
     theirs = seen.contract
+    context = theirs.context_mm if context_mm is None and in_chans is None else context_mm
+    slices = slices_read(context)
     size = theirs.img_size if img_size is None else img_size
-    channels = theirs.in_chans if in_chans is None else in_chans
-    if (size, channels) == (theirs.img_size, theirs.in_chans):
+    per_slice = theirs.in_chans // theirs.slices
+    channels = per_slice * slices if in_chans is None else in_chans
+    if (size, channels, context) == (theirs.img_size, theirs.in_chans, theirs.context_mm):
         return theirs
+    # only the context changed (and maybe the size): the same windows read for more or fewer slices stay known
+    same_windows = context != theirs.context_mm and channels == per_slice * slices
     changed = []
     if size != theirs.img_size:
         changed.append(f"their position embeddings are resampled from {theirs.img_size} x {theirs.img_size}")
-    if channels != theirs.in_chans:
+    if same_windows:
+        read = "single slices" if context is None else f"slices with neighbours {context:g} mm below and above"
+        changed.append(f"they read {read}, their first convolution on the slice's own channels as trained")
+    elif channels != theirs.in_chans:
         changed.append(f"their first convolution is adapted from {theirs.in_chans} channels, their windows unknown")
     rank_zero_warn(
         f"{seen.path} was trained on {theirs.describe()}; built for {channels} channel(s) at {size} x {size},"
         f" {' and '.join(changed)} (img_size={theirs.img_size}, in_chans={theirs.in_chans} use them as trained)"
     )
-    return InputContract(size, patch_size, channels)
+    if same_windows:
+        return InputContract(size, patch_size, channels, theirs.windows, theirs.read_options, context)
+    return InputContract(size, patch_size, channels, context_mm=context)
 
 
 def unreadable_reason(err: Exception) -> str:

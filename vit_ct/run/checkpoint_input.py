@@ -70,8 +70,9 @@ def follow_checkpoint(config: Namespace, *, command_line: Sequence[str] = ()) ->
             shown = f"{own}, {hparams.get('arch')}'s own" if own is not None else repr(value)
             lines.append(f"network follows the {source}: model.network.{name}: {shown} (the network of the weights"
                          f" {path}; the config said {said!r})")  # fmt: skip
+    lines += _follow_context(data, found)
     for name, value in contract.data_arguments().items():
-        if name not in data or _same(name, data[name], value):
+        if name == "context_mm" or name not in data or _same(name, data[name], value):
             continue
         if kind == "weights" and name in ("img_size", "windows") and _typed(command_line, name):
             lines.append(
@@ -93,6 +94,26 @@ def follow_checkpoint(config: Namespace, *, command_line: Sequence[str] = ()) ->
     if "img_size" in data:
         config.model.network.img_size = data["img_size"]  # the link data -> model, applied again after the change
     return lines
+
+
+def _follow_context(data: Namespace, found: WeightsInput) -> list[str]:
+    """The context of a command's data: a checkpoint's own (it reads slices as it was trained); with start weights,
+    the data's as configured (a fine-tune may add neighbours to weights of single slices, or read a context start's
+    slices alone), said in one line where it differs from theirs."""
+    if "context_mm" not in data:
+        return []  # a data module without neighbours (e.g. the pretraining cohort's)
+    given, theirs = data["context_mm"], found.contract.context_mm
+    if given == theirs:
+        return []
+    if found.kind == "ckpt_path":
+        data["context_mm"] = theirs
+        return [f"input follows the {found.source}: data.context_mm: {theirs!r} (as {found.path} was trained; the"
+                f" config said {given!r})"]  # fmt: skip
+    read = "each slice alone" if given is None else f"each slice with its neighbours {given:g} mm below and above"
+    return [
+        f"input as configured: data.context_mm: {given!r}, {read}; the weights {found.path} were trained with"
+        f" context_mm {theirs!r} and read the slice's own channels as trained"
+    ]
 
 
 @functools.cache

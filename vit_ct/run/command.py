@@ -115,6 +115,9 @@ class VitCTCLI(LightningCLI):
         parser.link_arguments(
             "data", "model.network.in_chans", compute_fn=lambda data: data.num_channels, apply_on="instantiate"
         )
+        parser.link_arguments(
+            "data", "model.network.context_mm", compute_fn=lambda data: data.context_mm, apply_on="instantiate"
+        )
         # Multi-label data (`label_columns`) makes a multi-label model with one named output per column. For
         # single-label data `model.labels.num_classes` stays settable; the labels are checked against it before a run.
         parser.link_arguments("data.init_args.label_columns", "model.labels.multilabel", compute_fn=_is_given)

@@ -94,10 +94,12 @@ class ViTClassifier(SeesAsCheckpointed):
         # the network the start weights fill, taken below so that they fit (a tag's, or a vit-ct checkpoint's)
         own = start_architecture(pretrained, seen.architecture if seen is not None else None)
         patch_size = own.get("patch_size") or network.patch_size
-        contract = model_input(seen, img_size=network.img_size, in_chans=network.in_chans, patch_size=patch_size)
+        contract = model_input(seen, img_size=network.img_size, in_chans=network.in_chans, patch_size=patch_size,
+                               context_mm=network.context_mm)  # fmt: skip
         # resolved: the input, the outputs and the weights' architecture, recorded so that a checkpoint rebuilds
         # the network without the hub or the weights file (the start weights are a start point, not part of it)
-        arguments.update(num_classes=num_classes, img_size=contract.img_size, in_chans=contract.in_chans)
+        arguments.update(num_classes=num_classes, img_size=contract.img_size, in_chans=contract.in_chans,
+                         context_mm=contract.context_mm)  # fmt: skip
         check_hparams({**arguments, "patch_size": patch_size})
         start = read_start(weights, pretrained)  # the start weights, or None
         self.save_hyperparameters({**arguments, **own, "stem": choose_stem(own.get("stem", network.stem), start)})
@@ -116,7 +118,8 @@ class ViTClassifier(SeesAsCheckpointed):
         if start is not None:
             defaults = flat_hparams()
             given = {name: value for name, value in arguments.items() if value != defaults[name]}
-            load_start(self, start, given, own_architecture=bool(own))
+            slices = (seen.contract.slices if seen is not None else 1, contract.slices)
+            load_start(self, start, given, own_architecture=bool(own), slices=slices)
         anchored = losses.anchor_loss_weight > 0 and start is not None
         self.anchor = StartAnchor(self.vit if anchored else None)  # the start network, frozen, on each build
 

@@ -23,11 +23,11 @@ from pydicom.dataset import Dataset
 
 from vit_ct.data.io.archive_files import archive_files
 from vit_ct.data.io.dicom import MEDIA_DIRECTORY, pixel_spacing, sop_name
+from vit_ct.data.io.geometry import NIFTI_SUFFIXES, frame_plane, slice_normal, volume_positions
 from vit_ct.data.io.reader import display_shape
 from vit_ct.files import atomic_write, safe_name
 
 LPS_TO_RAS = np.diag([-1.0, -1.0, 1.0, 1.0])  # DICOM's patient axes (L, P, S) to NIfTI's (R, A, S)
-NIFTI_SUFFIXES = (".nii", ".nii.gz")
 SCAN_COLUMNS = ("scan", "scan_slice", "position_mm", "study_uid", "series_uid")
 
 
@@ -77,17 +77,6 @@ class _Slice:
     header: Dataset
 
 
-def _frame_plane(ds: Dataset, index: int, attribute: str, sequence: str):
-    """A plane attribute of one frame: per-frame, then shared functional groups (enhanced CT), then the top level."""
-    for groups_name, item in (("PerFrameFunctionalGroupsSequence", index), ("SharedFunctionalGroupsSequence", 0)):
-        groups = ds.get(groups_name)
-        if groups and len(groups) > item:
-            plane = groups[item].get(sequence)
-            if plane and plane[0].get(attribute) is not None:
-                return plane[0].get(attribute)
-    return ds.get(attribute)
-
-
 def _header_problem(ds: Dataset) -> str | None:
     """Why a parsed DICOM object is not a CT slice vit-ct can place in a volume, or None."""
     if not any(k in ds for k in ("PixelData", "FloatPixelData", "DoubleFloatPixelData")):
@@ -118,8 +107,8 @@ def _read_slices(path: Path) -> tuple[list[_Slice], list[Skipped]]:
     slices, skipped = [], []
     for index in range(n):
         where = str(path) if n == 1 else f"{path} frame {index}"
-        position = _frame_plane(ds, index, "ImagePositionPatient", "PlanePositionSequence")
-        orientation = _frame_plane(ds, index, "ImageOrientationPatient", "PlaneOrientationSequence")
+        position = frame_plane(ds, index, "ImagePositionPatient", "PlanePositionSequence")
+        orientation = frame_plane(ds, index, "ImageOrientationPatient", "PlaneOrientationSequence")
         spacing = pixel_spacing(ds, index)
         if position is None or orientation is None or spacing is None:
             missing = [name for name, v in (("ImagePositionPatient", position), ("ImageOrientationPatient",
@@ -143,12 +132,6 @@ def _read_slices(path: Path) -> tuple[list[_Slice], list[Skipped]]:
 
 
 # ---------------------------------------------------------------------------------------------------- geometry
-
-
-def slice_normal(orientation: np.ndarray) -> np.ndarray:
-    """Unit normal of a slice plane: row direction x column direction (ImageOrientationPatient, LPS)."""
-    normal = np.cross(orientation[0], orientation[1])
-    return normal / np.linalg.norm(normal)
 
 
 def dicom_affine(
@@ -242,8 +225,7 @@ def nifti_scan(path: str | os.PathLike) -> Scan:
     if len(img.shape) < 2 or len(img.shape) > 3 and any(n != 1 for n in img.shape[3:]):
         raise ValueError(f"NIfTI {path} has shape {img.shape}; expected a 2-D slice or a 3-D volume")
     affine = img.affine
-    normal = affine[:3, 2] / (np.linalg.norm(affine[:3, 2]) or 1.0)
-    positions = [float((affine @ [0, 0, k, 1])[:3] @ normal) for k in range(shape[2])]
+    positions = volume_positions(affine, shape[2])
     name = path.name.removesuffix(".gz").removesuffix(".nii")
     return Scan(
         scan_id=safe_name(name),

@@ -38,6 +38,7 @@ from vit_ct.data.manifests.manifest import (
     validate_manifest_files,
     write_bad_files,
 )
+from vit_ct.data.manifests.neighbours import table_neighbours
 from vit_ct.data.manifests.splits import SPLIT_FRACTIONS
 from vit_ct.data.transforms.contract import DEFAULT_IMG_SIZE, DEFAULT_WINDOWS, InputContract
 from vit_ct.data.transforms.model_input import HEAD_HU, model_grid_spacing
@@ -90,6 +91,8 @@ class CTSliceDataModule(SliceDataModule):
             series) and NIfTI volumes, one path or a list (``[a, b]``). Slices are grouped by series and ordered along
             the slice normal; objects that are not CT slices are skipped and listed in ``skipped.csv`` of the output
             folder.
+        context_mm: Read each slice with its neighbours this far below and above, as further channels (rules:
+            :mod:`vit_ct.data.manifests.neighbours`); None: each slice alone. With a checkpoint, the checkpoint's.
     """
 
     def __init__(
@@ -113,11 +116,13 @@ class CTSliceDataModule(SliceDataModule):
         weighted_sampler: bool = False,
         modalities: tuple[str, ...] | None = ("CT",),
         stored_values_are_hu: bool = False,
+        context_mm: float | None = None,
     ) -> None:
         read_options = {"modalities": None if modalities is None else tuple(modalities),
                         "stored_values_are_hu": stored_values_are_hu}  # fmt: skip
         super().__init__(windows=windows, img_size=img_size, batch_size=batch_size, num_workers=num_workers,
-                         augment=augment, read_options=read_options, scanner_augment=scanner_augment)  # fmt: skip
+                         augment=augment, read_options=read_options, scanner_augment=scanner_augment,
+                         context_mm=context_mm)  # fmt: skip
         if manifest is not None and scans:
             raise ValueError("give data.manifest or data.scans, not both")
         self.manifest = manifest
@@ -297,6 +302,9 @@ class CTSliceDataModule(SliceDataModule):
             table = self.split_table(split)
             if table.empty:
                 raise ValueError(f"manifest {self.manifest} has no rows in split {key!r}")
+            found = None if self.context_mm is None else table_neighbours(table.reset_index(drop=True), self.context_mm)
+            if found is not None:
+                rank_zero_info(found.describe(f"{self.manifest or 'data.scans'} ({key})"))
             self.datasets[key] = CTSliceDataset(
                 table,
                 windows=self.windows,
@@ -306,6 +314,7 @@ class CTSliceDataModule(SliceDataModule):
                 read_options=self.read_options,
                 store=self.slice_cache,
                 hu_items=self.scanner_augment and split == "train",  # windowed after the augmentation in HU
+                neighbours=None if found is None else found.rows,
             )
             indices, ranks = None, self._ranks()
             if split != "train" and ranks.get("num_replicas", 1) > 1:

@@ -107,6 +107,10 @@ class CTSliceDataset(Dataset):
             ``cache_slot``); items then hold HU on the model grid, windowed later (``CTBatch``), but ``load`` still
             gives them windowed. With ``cache``, items are as from the files, from HU copied into memory first.
         hu_items: Items from the files hold HU too, windowed where the batch lands (for augmentation in HU).
+        neighbours: ``(N, 2)`` rows of ``table`` read with each row, below and above it
+            (:class:`~vit_ct.data.manifests.neighbours.Neighbours`), as further channels after the row's own (``hu``
+            ``(3, S, S)``, ``image`` 3 x the windows); None: each row alone. Mask, head, label and the rest are the
+            row's own; the neighbours come from wherever the row comes from (files, memory, disk cache).
     """
 
     def __init__(
@@ -120,8 +124,12 @@ class CTSliceDataset(Dataset):
         read_options: dict | None = None,
         store: SliceCache | None = None,
         hu_items: bool = False,
+        neighbours: np.ndarray | None = None,
     ) -> None:
         self.table = table.reset_index(drop=True)
+        if neighbours is not None and neighbours.shape != (len(self.table), 2):
+            raise ValueError(f"neighbours must be ({len(self.table)}, 2) rows, got {neighbours.shape}")
+        self.neighbours = None if neighbours is None else np.asarray(neighbours, dtype=np.int64)
         self.hu_items = hu_items
         self.read_options = dict(read_options or {})
         self.windows = list(windows)
@@ -147,11 +155,20 @@ class CTSliceDataset(Dataset):
 
     def load(self, index: int) -> dict:
         """Windowed slice and mask of row ``index`` on the model grid, before augmentation (in HU with
-        ``hu_items``)."""
+        ``hu_items``), with its neighbours' channels after its own."""
         if self.store is not None:
             return apply_windows(self._stored_items([index])[0], self.windows)
         if self._source is not None:
             return self._held_items([index])[0]
+        item = self._load_row(index)
+        if self.neighbours is None:
+            return item
+        key = "hu" if self.hu_items else "image"
+        around = [self._load_row(int(row))[key] for row in self.neighbours[index]]
+        return {**item, key: torch.cat([item[key], *around])}
+
+    def _load_row(self, index: int) -> dict:
+        """:meth:`load` of row ``index`` alone, from the files or the in-memory cache of items."""
         if self._cache is not None and index in self._cache:
             return self._cache[index]
         row = self.table.iloc[index]
@@ -177,9 +194,11 @@ class CTSliceDataset(Dataset):
         if self._cache is None:
             return
         rows = range(len(self)) if indices is None else sorted(set(indices))
+        if self.neighbours is not None and indices is not None:  # the neighbours of a shard's rows are read too
+            rows = sorted({*rows, *self.neighbours[list(rows)].ravel().tolist()})
         if self._source is None:
             for index in track(rows, description=description, transient=True):
-                self.load(index)
+                self._load_row(index)
             return
         self._hold(rows, description)
 
@@ -217,9 +236,13 @@ class CTSliceDataset(Dataset):
         """Items of sampler indices from memory (`_hold`), in one gather, windowed (in HU with ``hu_items``): the
         items the files give, to the bit (the same float32 HU, the same window arithmetic)."""
         rows, valid = zip(*(decode_index(i) for i in sampled), strict=True)
-        self._hold(rows)  # rows not filled ahead (another rank's share): once, in this process
+        around = [] if self.neighbours is None else self.neighbours[list(rows)].T.tolist()  # below, above
+        self._hold([*rows, *(row for side in around for row in side)])  # rows not filled ahead: once, here
         places = torch.tensor([self._cache[row] for row in rows])
         batch = {key: block[places] for key, block in self._held.items()}
+        if around:
+            hu = self._held["hu"]
+            batch["hu"] = torch.cat([batch["hu"], *(hu[[self._cache[row] for row in side]] for side in around)], 1)
         rows = torch.tensor(rows)
         batch.update(label=self.labels[rows], index=rows, valid=torch.tensor(valid), **self._scan_items(rows))
         return CachedBatch(batch if self.hu_items else apply_windows(batch, self.windows))
@@ -228,7 +251,12 @@ class CTSliceDataset(Dataset):
         """Items of sampler indices from the disk cache, in one gather."""
         rows, valid = zip(*(decode_index(i) for i in sampled), strict=True)
         rows = np.array(rows)
-        batch = self.store.batch(self.slots[rows])
+        if self.neighbours is None:
+            batch = self.store.batch(self.slots[rows])
+        else:  # one gather for the rows and their neighbours; the batch's other keys are the rows' own
+            read = self.store.batch(self.slots[np.concatenate([rows, *self.neighbours[rows].T])])
+            batch = {key: value[: len(rows)] for key, value in read.items()}
+            batch["hu"] = torch.cat(read["hu"].split(len(rows)), dim=1)
         batch.update(label=self.labels[rows], index=torch.from_numpy(rows), valid=torch.tensor(valid))
         batch.update(self._scan_items(torch.from_numpy(rows)))
         self._fill_spacing(batch, rows)

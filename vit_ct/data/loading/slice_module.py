@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, Dataset
 from vit_ct.data.loading.distributed import MarkedPaddingSampler, global_seed
 from vit_ct.data.loading.slice_dataset import CTBatch
 from vit_ct.data.transforms.augment import BatchAugmentation
-from vit_ct.data.transforms.contract import DEFAULT_IMG_SIZE, DEFAULT_WINDOWS, InputContract
+from vit_ct.data.transforms.contract import DEFAULT_IMG_SIZE, DEFAULT_WINDOWS, InputContract, slices_read
 from vit_ct.data.transforms.model_input import apply_windows
 from vit_ct.data.transforms.scanner_augment import ScannerAugmentation
 from vit_ct.data.transforms.windows import parse_windows
@@ -37,6 +37,8 @@ class SliceDataModule(L.LightningDataModule):
             (:class:`~vit_ct.data.transforms.scanner_augment.ScannerAugmentation`); the batches then travel in HU.
         read_options: Options of :func:`~vit_ct.data.io.reader.load_ct_slice` (``modalities``,
             ``stored_values_are_hu``), recorded in the input contract.
+        context_mm: Read each slice with the slices of its scan this far below and above it, as further channels
+            (:mod:`vit_ct.data.manifests.neighbours`); None: each slice alone. Recorded in the input contract.
     """
 
     def __init__(
@@ -49,6 +51,7 @@ class SliceDataModule(L.LightningDataModule):
         augment: bool,
         read_options: dict,
         scanner_augment: bool = False,
+        context_mm: float | None = None,
     ) -> None:
         super().__init__()
         try:
@@ -61,6 +64,11 @@ class SliceDataModule(L.LightningDataModule):
             raise ValueError(f"data.batch_size must be a positive number of slices, got {batch_size}")
         if num_workers < 0:
             raise ValueError(f"data.num_workers must be 0 (load in the main process) or more, got {num_workers}")
+        if context_mm is not None and not context_mm > 0:
+            raise ValueError(
+                f"data.context_mm must be a distance > 0 in mm (or null: each slice alone), got {context_mm}"
+            )
+        self.context_mm = None if context_mm is None else float(context_mm)
         self.img_size = img_size
         self.batch_size = batch_size
         self.num_workers = num_workers
@@ -72,13 +80,17 @@ class SliceDataModule(L.LightningDataModule):
 
     @property
     def num_channels(self) -> int:
-        """Input channels of the model: one per window."""
-        return len(self.windows)
+        """Input channels of the model: one per window, of the slice and (with context) of its two neighbours."""
+        return len(self.windows) * slices_read(self.context_mm)
 
     def input_contract(self, patch_size: int) -> InputContract:
         """How this module prepares slices for a model with ``patch_size`` (recorded in its checkpoints)."""
         return InputContract.of(
-            img_size=self.img_size, patch_size=patch_size, windows=self.windows, read_options=self.read_options
+            img_size=self.img_size,
+            patch_size=patch_size,
+            windows=self.windows,
+            read_options=self.read_options,
+            context_mm=self.context_mm,
         )
 
     def check(self, stage: str, *, num_classes: int | None = None) -> None:

@@ -1,0 +1,78 @@
+"""A slice read with its neighbours through the commands: `fit` with ``data.context_mm`` records the context in the
+checkpoint's input contract, every later command and the review read slices as it was trained, and weights of single
+slices start a model with context as they read the slice itself."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from conftest import TINY_MODEL_ARGS, tiny_data_args
+
+from vit_ct import ViTClassifier
+from vit_ct.cli import main
+from vit_ct.data.transforms.contract import CHECKPOINT_KEY, InputContract
+from vit_ct.inspection.loading import review_datamodule
+
+DEMO = str(Path(__file__).resolve().parents[2] / "configs" / "demo.yaml")
+QUIET = ["--trainer.logger", "false", "--trainer.enable_progress_bar", "false"]
+pytestmark = pytest.mark.medium
+
+
+def fit(manifest, folder, *more):
+    main(["fit", "--config", DEMO, *tiny_data_args(manifest), *TINY_MODEL_ARGS, *QUIET, "--trainer.max_epochs", "1",
+          "--test_after_fit", "false", "--trainer.default_root_dir", str(folder), *more])  # fmt: skip
+    return folder / "checkpoints" / "last.ckpt"
+
+
+@pytest.fixture(scope="module")
+def with_context(synthetic_set, tmp_path_factory) -> Path:
+    return fit(synthetic_set, tmp_path_factory.mktemp("context"), "--data.init_args.context_mm", "20")
+
+
+def test_a_fit_with_context_records_it_and_predict_follows_it(with_context, synthetic_set, tmp_path, caplog):
+    checkpoint = torch.load(with_context, weights_only=True, map_location="cpu")
+    contract = InputContract.from_dict(checkpoint[CHECKPOINT_KEY])
+    assert (contract.context_mm, contract.in_chans, contract.slices) == (20.0, 6, 3)
+    assert checkpoint["hyper_parameters"]["context_mm"] == 20.0
+    assert checkpoint["state_dict"]["vit.patch_embed.proj.0.weight"].shape[1] == 6
+    with caplog.at_level(logging.INFO):  # demo.yaml reads single slices: the checkpoint's context wins, said once
+        cli = main(["predict", "--config", DEMO, *tiny_data_args(synthetic_set), *QUIET, "--ckpt_path",
+                    str(with_context), "--output_dir", str(tmp_path / "out")])  # fmt: skip
+    said = [r.getMessage() for r in caplog.records]
+    assert (
+        f"input follows the checkpoint: data.context_mm: 20.0 (as {with_context} was trained; the config said None)"
+        in said
+    )
+    assert cli.datamodule.num_channels == 6
+    assert any("context 20 mm below and above: 24 slices" in line for line in said)
+    assert len(pd.read_csv(tmp_path / "out" / "predictions.csv")) == 24
+
+
+def test_the_review_reads_slices_with_the_checkpoints_context(with_context, synthetic_set):
+    model = ViTClassifier.load_from_checkpoint(with_context)
+    assert model.input_contract.context_mm == 20.0
+    data = review_datamodule(model, synthetic_set, split="test", batch_size=4)
+    data.setup("test")
+    batch = next(iter(data.test_dataloader()))
+    assert data.context_mm == 20.0 and batch["image"].shape[1] == 6
+
+
+def test_a_fine_tune_adds_context_to_a_checkpoint_of_single_slices(synthetic_set, tmp_path, caplog):
+    alone = fit(synthetic_set, tmp_path / "alone")
+    with caplog.at_level(logging.INFO):
+        cli = main(["fit", "--config", DEMO, *tiny_data_args(synthetic_set), *QUIET, "--trainer.max_epochs", "0",
+                    "--model.weights", str(alone), "--data.init_args.context_mm", "20",
+                    "--trainer.default_root_dir", str(tmp_path / "tuned")])  # fmt: skip
+    said = [r.getMessage() for r in caplog.records]
+    assert any(
+        line.startswith("input as configured: data.context_mm: 20.0, each slice with its neighbours") for line in said
+    )
+    assert cli.model.input_contract.context_mm == 20.0 and cli.model.hparams.in_chans == 6
+    start = torch.load(alone, weights_only=True, map_location="cpu")["state_dict"]["vit.patch_embed.proj.0.weight"]
+    kernels = cli.model.vit.patch_embed.proj[0].weight.detach()
+    torch.testing.assert_close(kernels[:, :2], start)
+    assert not kernels[:, 2:].any()
