@@ -111,7 +111,7 @@ def _fitting_spacing(head: HeadShape, scale: float, size: int) -> float:
     return (float(np.abs(points).max()) + 3) / (size // 2 - 1)
 
 
-def _draw_kind(rng: np.random.Generator, config: CohortConfig) -> str:
+def draw_kind(rng: np.random.Generator, config: CohortConfig) -> str:
     if rng.random() >= config.bleed_fraction:
         return "none"
     weights = np.asarray(config.bleed_type_weights, float)
@@ -146,7 +146,7 @@ def draw_thick_slice(
     geometries = [Geometry(frame, head, level + dz / HEAD_HEIGHT_MM) for dz in heights]
     middle = n_levels // 2
     anatomy_seed = int(rng.integers(0, 2**63))  # the same sulci and midline at every level of the slab
-    kind = _draw_kind(rng, config)
+    kind = draw_kind(rng, config)
     lesions = {
         "hu_range": config.bleed_hu_range,
         "low_contrast_fraction": config.low_contrast_fraction,
@@ -238,10 +238,31 @@ def simulate_cohort_patient(
     frame = HeadFrame(config.size, protocol.pixel_spacing_mm, head, scale)
     start = rng.uniform(0.0, 0.25)
     levels = start + (1 - start) * np.arange(n_slices) / n_slices
+
+    def draw(k: int, slice_rng: np.random.Generator):
+        return draw_thick_slice(slice_rng, config, head, frame, float(levels[k]), protocol.slice_thickness_mm)
+
+    return acquire_slices(seed, index, levels, draw, protocol, scale, config, acquire=acquire)
+
+
+def acquire_slices(
+    seed: int,
+    index: int,
+    levels: np.ndarray,
+    draw,
+    protocol: ScanProtocol,
+    scale: float,
+    config: CohortConfig,
+    *,
+    acquire: bool = True,
+) -> list[SimulatedSlice]:
+    """Cohort patient `index`'s slices at `levels` through their scanner, in one batch: each slice drawn by
+    `draw(k, slice_rng)` (its `draw_thick_slice` tuple) from the slice's own generator, which then draws the slice's
+    motion, dose and noise."""
     drawn, motions, doses, generators = [], [], [], []
-    for k, level in enumerate(levels):
+    for k in range(len(levels)):
         slice_rng = slice_generator(seed, index, k)
-        drawn.append(draw_thick_slice(slice_rng, config, head, frame, float(level), protocol.slice_thickness_mm))
+        drawn.append(draw(k, slice_rng))
         motions.append(sample_motion(slice_rng, config.scanner))
         modulation = config.scanner.dose_modulation
         doses.append(protocol.photons_per_ray * math.exp(slice_rng.uniform(-1, 1) * math.log(modulation)))

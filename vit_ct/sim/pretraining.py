@@ -30,6 +30,7 @@ from vit_ct.data.manifests.splits import SPLIT_FRACTIONS
 from vit_ct.files import atomic_write
 from vit_ct.progress import Progress
 from vit_ct.sim.cohort import CohortConfig, simulate_cohort_patient
+from vit_ct.sim.cohort_scan import simulate_cohort_scan
 from vit_ct.sim.synthetic import MANIFEST_COLUMNS, generator_description, split_patients, write_slices
 
 SCANNER_COLUMNS = (
@@ -54,6 +55,7 @@ def write_pretraining_set(
     split_fractions: tuple[float, float, float] = SPLIT_FRACTIONS,
     num_workers: int = 1,
     progress: bool = True,
+    scan_spacing_mm: float | None = None,
 ) -> Path:
     """Write (or finish writing) the pretraining set under `root`; return its manifest path.
 
@@ -74,6 +76,10 @@ def write_pretraining_set(
         split_fractions: shares of patients in train, val and test.
         num_workers: processes writing patients in parallel (one torch thread each).
         progress: show a progress bar.
+        scan_spacing_mm: write each patient as a whole scan instead: contiguous slices this far apart, each bleed a
+            3-D object that every slice it reaches shows (:func:`vit_ct.sim.cohort_scan.simulate_cohort_scan`;
+            ``config.bleed_fraction`` is then the share of patients with a bleed), for models that read a slice with
+            its neighbours. None: slices spread over the head, each with its own lesions.
 
     Raises:
         ValueError: bad arguments, or `root` holds something else (other files, or a set begun with other arguments).
@@ -86,8 +92,17 @@ def write_pretraining_set(
         )
     if len(split_fractions) != 3 or min(split_fractions) < 0 or not np.isclose(sum(split_fractions), 1):
         raise ValueError(f"split_fractions must be three non-negative shares summing to 1, got {split_fractions}")
+    if scan_spacing_mm is not None:  # checked before anything is written
+        simulate_cohort_scan(seed, 0, slices_per_patient, config, spacing_mm=scan_spacing_mm, acquire=False)
+    scans = {} if scan_spacing_mm is None else {"scan_spacing_mm": scan_spacing_mm}  # sets from before: the same
     description = generator_description(
-        n_patients, slices_per_patient, seed, config, split_fractions, kind="vit-ct scanner-randomised pretraining set"
+        n_patients,
+        slices_per_patient,
+        seed,
+        config,
+        split_fractions,
+        kind="vit-ct scanner-randomised pretraining set",
+        **scans,
     )
     root.mkdir(parents=True, exist_ok=True)
     try:  # one writer at a time: a second one would race the first for the same patients
@@ -133,7 +148,7 @@ def _write_patients(root: Path, description: dict, config: CohortConfig, todo: l
     """Write the patients in `todo`, in parallel when `num_workers` > 1, with a progress bar over slices."""
     _remove_leftovers(root, todo)
     seed, n_slices = description["seed"], description["slices_per_patient"]
-    jobs = [(root, seed, index, n_slices, config) for index in todo]
+    jobs = [(root, seed, index, n_slices, config, description.get("scan_spacing_mm")) for index in todo]
     columns = (
         TextColumn("pretraining set"), BarColumn(), MofNCompleteColumn(), TextColumn("patients"),
         TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TimeRemainingColumn(),
@@ -192,11 +207,16 @@ def _remove_leftovers(root: Path, todo: list[int]) -> None:
             shutil.rmtree(root / folder / patient_id(index), ignore_errors=True)
 
 
-def _write_patient(root: Path, seed: int, index: int, n_slices: int, config: CohortConfig) -> None:
+def _write_patient(
+    root: Path, seed: int, index: int, n_slices: int, config: CohortConfig, scan_spacing_mm: float | None = None
+) -> None:
     """Simulate one patient and write their files under temporary names, then rename them into place: masks, images,
     and last the progress marker that says the patient is done."""
     pid = patient_id(index)
-    slices = simulate_cohort_patient(seed, index, n_slices, config)
+    if scan_spacing_mm is None:
+        slices = simulate_cohort_patient(seed, index, n_slices, config)
+    else:
+        slices = simulate_cohort_scan(seed, index, n_slices, config, spacing_mm=scan_spacing_mm)
     tag = f".{pid}.tmp-{uuid.uuid4().hex[:8]}"
     images, masks = root / "images" / tag, root / "masks" / tag
     rows = write_slices(slices, seed=seed, pid=pid, images=images, masks=masks)
@@ -240,6 +260,9 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--seed", type=int, default=0, help="seed of everything (default 0)")
     parser.add_argument("--num_workers", type=int, default=1, help="processes, one torch thread each (default 1)")
     parser.add_argument("--size", type=int, default=CohortConfig.size, help="rows and columns of a slice (default 256)")
+    parser.add_argument("--scan_spacing_mm", type=float, default=None,
+                        help="whole scans: contiguous slices this far apart, each bleed spanning the slices it reaches"
+                        " (default: slices spread over the head, each with its own lesions)")  # fmt: skip
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     try:
@@ -251,6 +274,7 @@ def main(argv: list[str] | None = None) -> Path:
             config=CohortConfig(size=args.size),
             num_workers=args.num_workers,
             progress=not args.quiet,
+            scan_spacing_mm=args.scan_spacing_mm,
         )
     except ValueError as error:
         parser.error(str(error))
