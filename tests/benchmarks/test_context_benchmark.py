@@ -1,0 +1,33 @@
+"""benchmarks/context.py end to end at a tiny size: the scan set as the recipe's user has it (masks only on the test
+patients), both rows through the real commands, and a record whose table and figures agree with the predictions."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from sklearn.metrics import roc_auc_score
+
+from benchmarks.context import main
+
+
+@pytest.mark.slow
+def test_a_tiny_run_trains_both_rows_and_records_what_the_predictions_say(tmp_path):
+    folder = tmp_path / "runs"
+    main(["--patients", "16", "--slices", "6", "--epochs", "1", "--num_workers", "1", "--folder", str(folder)],
+         records=tmp_path / "records")  # fmt: skip
+    manifest = pd.read_csv(folder / "scans" / "labels_only.csv", dtype=str, keep_default_na=False)
+    assert (manifest.loc[manifest["split"] != "test", "mask"] == "").all()
+    assert (manifest.loc[manifest["split"] == "test", "mask"] != "").all()
+    record = json.loads((tmp_path / "records" / "context.json").read_text())
+    rows = record["tables"]["context"]["rows"]
+    assert [row[0] for row in rows] == ["alone", "context 5 mm"] and rows[0][-2:] == [1.0, 1.0]
+    for name, run in (("alone", "alone"), ("context", "context_5_mm")):
+        slices = pd.read_csv(folder / f"{run}_predict" / "predictions.csv")
+        assert len(slices) == (manifest["split"] == "test").sum()
+        assert np.isclose(record["figures"][f"auroc_{name}"], roc_auc_score(slices["label"], slices["prob"]))
+    checkpoint = json.loads((folder / "context_5_mm" / "summary.json").read_text())["last_checkpoint"]
+    config = (folder / "context_5_mm" / "config.yaml").read_text()
+    assert "context_mm: 5.0" in config and checkpoint.endswith("last.ckpt")
