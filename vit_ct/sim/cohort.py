@@ -5,6 +5,7 @@ of all five kinds with mass effect; look-alikes including skull-base bone; rare 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -12,6 +13,7 @@ import torch
 
 from vit_ct.sim.anatomy import (
     HEAD_HEIGHT_MM,
+    Anatomy,
     Geometry,
     HeadFrame,
     HeadShape,
@@ -86,6 +88,18 @@ class CohortConfig:
         if not 0 <= self.metal_fraction <= 1:
             raise ValueError(f"metal_fraction must be in [0, 1], got {self.metal_fraction}")
 
+    def lesion_arguments(self, thickness_mm: float) -> dict:
+        """The lesion mix as :func:`vit_ct.sim.bleed.draw_bleed` takes it, for a slab ``thickness_mm`` thick; every
+        bleed in one hemisphere."""
+        return {
+            "hu_range": self.bleed_hu_range,
+            "low_contrast_fraction": self.low_contrast_fraction,
+            "small_fraction": self.small_fraction,
+            "small_radius_mm": self.small_radius_mm,
+            "slice_thickness_mm": thickness_mm,
+            "one_hemisphere": True,
+        }
+
     def phantom(self, pixel_spacing_mm: float) -> PhantomConfig:
         """The lesion mix as a `PhantomConfig` at this pixel size (its scanner fields are not used)."""
         return PhantomConfig(
@@ -147,14 +161,7 @@ def draw_thick_slice(
     middle = n_levels // 2
     anatomy_seed = int(rng.integers(0, 2**63))  # the same sulci and midline at every level of the slab
     kind = draw_kind(rng, config)
-    lesions = {
-        "hu_range": config.bleed_hu_range,
-        "low_contrast_fraction": config.low_contrast_fraction,
-        "small_fraction": config.small_fraction,
-        "small_radius_mm": config.small_radius_mm,
-        "slice_thickness_mm": thickness_mm,
-        "one_hemisphere": True,
-    }
+    lesions = config.lesion_arguments(thickness_mm)
     bleed: Bleed | None = None
     shift = None
     if kind in MASS_EFFECT_TYPES:
@@ -170,21 +177,41 @@ def draw_thick_slice(
     if kind != "none" and bleed is None:
         bleed = draw_bleed(rng, geometries[middle], kind, anatomies[middle], **lesions)
     lookalikes = draw_lookalikes(rng, config.lookalike_probability, frame.fit, level, extended=True)
-    hu_sum, mask = None, np.zeros(frame.r.shape, bool)
-    for i, (g, dz) in enumerate(zip(geometries, heights, strict=True)):
-        anatomy = anatomies[i] if i in anatomies else anatomy_at(i)
-        paint_lookalikes(lookalikes, g, anatomy)
-        if bleed is not None:
-            mask |= paint_bleed(bleed, g, anatomy, float(dz))
-        hu_sum = anatomy.hu.astype(np.float64) if hu_sum is None else hu_sum + anatomy.hu
-        if i == middle:
-            tissue = anatomy.tissue
-    hu = (hu_sum / n_levels).astype(np.float32)
+    hu, mask, tissue = paint_slab(geometries, heights, lambda i: anatomies[i] if i in anatomies else anatomy_at(i),
+                                  lookalikes,
+                                  bleed, [bleed is not None] * n_levels)  # fmt: skip
     metal = rng.random() < config.metal_fraction and _draw_metal(rng, geometries[middle], hu)
     if metal:
         tissue = np.where(hu > 5000, np.uint8(Tissue.METAL), tissue)
     # A bleed the grid cannot hold (sulci narrower than a coarse pixel) leaves the slice negative.
     return hu, mask, "none" if bleed is None or not mask.any() else bleed.kind, tissue, metal
+
+
+def paint_slab(
+    geometries: list[Geometry],
+    offsets: np.ndarray,
+    anatomy_at: Callable[[int], Anatomy],
+    lookalikes: list,
+    bleed: Bleed | None,
+    reached: list[bool],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A slab's levels painted and averaged: at each level (``geometries``, ``offsets`` in mm above the slice's centre)
+    its anatomy, the look-alikes, and the bleed where ``reached``.
+
+    Returns:
+        (``hu`` float32 ``(H, W)``, the slab's average; bool mask of every pixel with blood at some level; ``tissue``
+        of the middle level).
+    """
+    hu_sum, mask, middle = None, np.zeros(geometries[0].frame.r.shape, bool), len(geometries) // 2
+    for i, (g, dz) in enumerate(zip(geometries, offsets, strict=True)):
+        anatomy = anatomy_at(i)
+        paint_lookalikes(lookalikes, g, anatomy)
+        if reached[i]:
+            mask |= paint_bleed(bleed, g, anatomy, float(dz))
+        hu_sum = anatomy.hu.astype(np.float64) if hu_sum is None else hu_sum + anatomy.hu
+        if i == middle:
+            tissue = anatomy.tissue
+    return (hu_sum / len(geometries)).astype(np.float32), mask, tissue
 
 
 def draw_patient(

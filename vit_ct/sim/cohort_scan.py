@@ -16,9 +16,9 @@ from dataclasses import replace
 import numpy as np
 
 from vit_ct.sim.anatomy import HEAD_HEIGHT_MM, Geometry, HeadFrame, HeadShape, draw_anatomy
-from vit_ct.sim.bleed import Bleed, draw_bleed, midline_shift, paint_bleed
-from vit_ct.sim.cohort import MASS_EFFECT_TYPES, CohortConfig, acquire_slices, draw_kind, draw_patient
-from vit_ct.sim.lookalike import draw_lookalikes, paint_lookalikes
+from vit_ct.sim.bleed import Bleed, draw_bleed, midline_shift
+from vit_ct.sim.cohort import MASS_EFFECT_TYPES, CohortConfig, acquire_slices, draw_kind, draw_patient, paint_slab
+from vit_ct.sim.lookalike import draw_lookalikes
 from vit_ct.sim.phantom import SimulatedSlice
 
 # Height range of subarachnoid and intraventricular blood, which the slice drawing leaves unbounded, mm (half heights)
@@ -87,10 +87,7 @@ def draw_scan_bleed(
     level = centre_mm / HEAD_HEIGHT_MM
     g = Geometry(frame, head, level)
     anatomy = draw_anatomy(np.random.default_rng(anatomy_seed), head, g, level, fissures=True)
-    bleed = draw_bleed(rng, g, kind, anatomy, hu_range=config.bleed_hu_range,
-                       low_contrast_fraction=config.low_contrast_fraction, small_fraction=config.small_fraction,
-                       small_radius_mm=config.small_radius_mm, slice_thickness_mm=thickness_mm,
-                       one_hemisphere=True)  # fmt: skip
+    bleed = draw_bleed(rng, g, kind, anatomy, **config.lesion_arguments(thickness_mm))
     if math.isinf(bleed.z_half_mm):
         bleed = replace(bleed, z_half_mm=float(rng.uniform(*SPREAD_HALF_MM)))
     return replace(bleed, z_offset_mm=0.0), centre_mm
@@ -117,18 +114,13 @@ def draw_scan_slice(
         shift = midline_shift(bleed, frame.fit)
     lookalikes = draw_lookalikes(np.random.default_rng(lookalike_seed), config.lookalike_probability, frame.fit,
                                  height_mm / HEAD_HEIGHT_MM, extended=True)  # fmt: skip
-    hu_sum, mask, middle = None, np.zeros(frame.r.shape, bool), n_levels // 2
-    for i, dz in enumerate(offsets):
-        level = (height_mm + dz) / HEAD_HEIGHT_MM
-        g = Geometry(frame, head, level)
-        anatomy = draw_anatomy(np.random.default_rng(anatomy_seed), head, g, level, fissures=True,
-                               midline_shift=shift)  # fmt: skip
-        paint_lookalikes(lookalikes, g, anatomy)
-        if reached[i]:
-            mask |= paint_bleed(bleed, g, anatomy, float(dz))
-        hu_sum = anatomy.hu.astype(np.float64) if hu_sum is None else hu_sum + anatomy.hu
-        if i == middle:
-            tissue = anatomy.tissue
-    hu = (hu_sum / n_levels).astype(np.float32)
+    levels = [(height_mm + dz) / HEAD_HEIGHT_MM for dz in offsets]
+    geometries = [Geometry(frame, head, level) for level in levels]
+
+    def anatomy_at(i: int):
+        return draw_anatomy(np.random.default_rng(anatomy_seed), head, geometries[i], levels[i], fissures=True,
+                            midline_shift=shift)  # fmt: skip
+
+    hu, mask, tissue = paint_slab(geometries, offsets, anatomy_at, lookalikes, bleed, reached)
     # A bleed the grid cannot hold (sulci narrower than a coarse pixel) leaves the slice negative.
     return hu, mask, "none" if bleed is None or not mask.any() else bleed.kind, tissue, False
