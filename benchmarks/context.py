@@ -7,9 +7,11 @@ validation rows (the recipe learns from labels only) and, for each row of the ta
 runs: ``vit-ct fit --config configs/finetune.yaml`` (the shipped weights, fine-tuned) with or without context, then
 ``vit-ct predict`` on the test patients. Scored there: slice AUROC with a 95% interval from resampling patients, scan
 AUROC (a scan's highest slice probability), and the maps against the test masks (pointing, Dice of the half-maximum
-region: the rollout of the slice itself); and what each costs (fit and predict wall time on the same machine).
+region: the rollout of the slice itself); how much the trained network reads the neighbours (the norm of its first
+convolution's kernels on them over those on the slice); and what each costs (fit and predict wall time on the same
+machine).
 
-    python -m benchmarks.context --patients 80 --slices 12
+    python -m benchmarks.context --patients 100 --slices 12
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
 
 from benchmarks.recording import ROOT, command_line, git_state, table, timed_vit_ct, write_record
 from benchmarks.small_data import patient_bootstrap_auroc, scan_auroc
@@ -59,6 +62,7 @@ def run_row(name: str, extra: list[str], manifest: Path, folder: Path, epochs: i
                              checkpoint, "--data.init_args.predict_split", "test", "--output_dir", str(out),
                              "--trainer.logger", "false", "--trainer.enable_progress_bar", "false")  # fmt: skip
     slices = pd.read_csv(out / "predictions.csv")
+    share = neighbour_share(Path(checkpoint))
     auroc, low, high = patient_bootstrap_auroc(slices["label"], slices["prob"], slices["scan"])
     positive = slices[(slices["label"] == 1) & slices["rollout_pointing"].notna()]
     return {
@@ -69,6 +73,7 @@ def run_row(name: str, extra: list[str], manifest: Path, folder: Path, epochs: i
         "scan_auroc": scan_auroc(slices["label"].to_numpy(), slices["prob"].to_numpy(), slices["scan"].to_numpy()),
         "pointing": float(positive["rollout_pointing"].mean()),
         "dice": float(positive["rollout_dice"].mean()),
+        "neighbour_share": share,
         "fit_s": fit_s,
         "predict_ms_per_slice": 1000 * predict_s / len(slices),
         "test_slices": len(slices),
@@ -77,10 +82,23 @@ def run_row(name: str, extra: list[str], manifest: Path, folder: Path, epochs: i
     }
 
 
+def neighbour_share(checkpoint: Path) -> float | None:
+    """How much the trained network reads the neighbours: the norm of its first convolution's kernels on the
+    neighbours' channels over the norm of those on the slice's own (0 as the single-slice weights start); None
+    without context."""
+    saved = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
+    hparams, state = saved["hyper_parameters"], saved["state_dict"]
+    if hparams.get("context_mm") is None:
+        return None
+    weight = state.get("vit.patch_embed.proj.0.weight", state.get("vit.patch_embed.proj.weight"))
+    per_slice = hparams["in_chans"] // 3  # the slice, the one below, the one above
+    return float(weight[:, per_slice:].norm() / weight[:, :per_slice].norm())
+
+
 def main(argv: list[str] | None = None, records: Path | None = None) -> Path:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.context", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    parser.add_argument("--patients", type=int, default=80, help="patients of the scan set (default 80)")
+    parser.add_argument("--patients", type=int, default=100, help="patients of the scan set (default 100)")
     parser.add_argument("--slices", type=int, default=12, help="slices per scan (default 12)")
     parser.add_argument("--spacing_mm", type=float, default=5.0, help="distance between slices (default 5)")
     parser.add_argument("--epochs", type=int, default=20, help="fine-tuning epochs (default 20, the recipe's)")
@@ -93,12 +111,12 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> Path:
     base = results[0]
     rows = [
         [r["row"], r["auroc"], f"{r['low']:.3f}-{r['high']:.3f}", r["scan_auroc"], r["pointing"], r["dice"],
-         r["fit_s"] / base["fit_s"], r["predict_ms_per_slice"] / base["predict_ms_per_slice"]]
+         r["neighbour_share"], r["fit_s"] / base["fit_s"], r["predict_ms_per_slice"] / base["predict_ms_per_slice"]]
         for r in results
     ]  # fmt: skip
     columns = ["input", "slice AUROC", "95% CI (patients)", "scan AUROC", "pointing", "Dice at half max",
-               "fit time vs alone", "predict time vs alone"]  # fmt: skip
-    formats = [None, ".3f", None, ".3f", ".2f", ".2f", "{:.2f}x", "{:.2f}x"]
+               "neighbour kernels / own", "fit time vs alone", "predict time vs alone"]  # fmt: skip
+    formats = [None, ".3f", None, ".3f", ".2f", ".2f", ".3f", "{:.2f}x", "{:.2f}x"]
     figures = {f"{key}_{r['row'].split()[0]}": r[key] for r in results for key in ("auroc", "scan_auroc", "dice")}
     notes = {
         "set": f"{args.patients} simulated scans x {args.slices} slices {args.spacing_mm:g} mm apart (seed {SEED}),"

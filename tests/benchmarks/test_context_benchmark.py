@@ -24,6 +24,8 @@ def test_a_tiny_run_trains_both_rows_and_records_what_the_predictions_say(tmp_pa
     record = json.loads((tmp_path / "records" / "context.json").read_text())
     rows = record["tables"]["context"]["rows"]
     assert [row[0] for row in rows] == ["alone", "context 5 mm"] and rows[0][-2:] == [1.0, 1.0]
+    # the neighbours' kernels start at zero (the shipped weights read single slices) and move in one epoch
+    assert rows[0][6] is None and rows[1][6] > 0.0
     for name, run in (("alone", "alone"), ("context", "context_5_mm")):
         slices = pd.read_csv(folder / f"{run}_predict" / "predictions.csv")
         assert len(slices) == (manifest["split"] == "test").sum()

@@ -109,6 +109,20 @@ def test_the_fully_randomised_copy_is_as_timm_initialises_and_the_caller_keeps_i
     assert torch.equal(stem_bn.running_var, torch.ones_like(stem_bn.running_var))  # batch-norm statistics reset
 
 
+def test_the_cascade_redraws_both_kernels_of_a_model_that_reads_neighbours():
+    """With context the first convolution holds its kernels as two tensors: the patch-embedding step redraws both, as
+    ``nn.Conv2d`` draws the one convolution (uniform within 1 / sqrt(fan in))."""
+    with pytest.warns(UserWarning, match="neighbours 5 mm below and above"):
+        model = ViTClassifier.from_hparams(pretrained=SHIPPED, context_mm=5.0).eval()
+    first = model.vit.patch_embed.proj[0]
+    assert not first.neighbours.any()  # the shipped weights read single slices: zeros on the neighbours
+    *_, (_, randomised) = cascade(model, seed=0)
+    drawn = randomised.vit.patch_embed.proj[0]
+    bound = 1 / (6 * 9) ** 0.5  # 6 channels x 3 x 3
+    for trained, fresh in ((first.own, drawn.own), (first.neighbours, drawn.neighbours)):
+        assert not torch.equal(trained, fresh) and fresh.abs().max() <= bound and fresh.std() > bound / 3
+
+
 def test_reinitialising_is_seeded_and_leaves_the_random_state_alone(shipped):
     model, _ = shipped
     head = cascade_steps(model)[1]  # block 5

@@ -144,6 +144,33 @@ def test_layer_decay_scales_early_blocks_down():
     assert lrs[id(model.vit.blocks[0].attn.qkv.weight)] == pytest.approx(0.25)
 
 
+def test_the_neighbours_kernels_of_a_model_with_context_step_at_the_peak_rate_whatever_the_layer_decay():
+    """With context the first convolution's kernels are two tensors (the slice's own, the neighbours'): the slice's
+    at the stem's layer-decayed rate, the neighbours' at the peak rate. Adam's first step moves every element with a
+    gradient by its group's rate, which the step below checks; the network is still the one convolution."""
+    torch.manual_seed(0)
+    model = ViTClassifier.from_hparams(**{**TINY, "in_chans": 3, "context_mm": 2.0}, layer_decay=0.5, lr=1e-3,
+                                       weight_decay=0.0)  # fmt: skip
+    first = model.vit.patch_embed.proj[0]
+    assert (first.own.shape[1], first.neighbours.shape[1], first.weight.shape[1]) == (1, 2, 3)
+    stored = {k for k in model.state_dict() if k.startswith("vit.patch_embed.proj.0.")}
+    assert stored == {"vit.patch_embed.proj.0.weight"}  # one convolution's tensor, as before
+    groups = model.param_groups()
+    rates = {id(p): g.get("lr", 1e-3) for g in groups for p in g["params"]}
+    assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
+    assert rates[id(first.neighbours)] == pytest.approx(1e-3)
+    assert rates[id(first.own)] == pytest.approx(1e-3 * 0.5**3)  # below block 0 of 2: 0.5 ** (2 + 1)
+    before = first.own.detach().clone(), first.neighbours.detach().clone()
+    optimizer = torch.optim.AdamW(groups, lr=1e-3)
+    image = torch.rand(4, 3, 32, 32)
+    torch.nn.functional.cross_entropy(model(image), torch.tensor([0, 1, 0, 1])).backward()
+    optimizer.step()
+    for tensor, start, rate in ((first.own, before[0], 1e-3 / 8), (first.neighbours, before[1], 1e-3)):
+        moved = (tensor.detach() - start).abs()
+        torch.testing.assert_close(moved[moved > 0], torch.full_like(moved[moved > 0], rate), rtol=1e-3, atol=0)
+        assert (moved > 0).float().mean() > 0.9
+
+
 def test_warmup_cosine_schedule():
     f = warmup_cosine(4, 14)
     assert [round(f(s), 3) for s in range(4)] == [0.2, 0.4, 0.6, 0.8]

@@ -26,7 +26,7 @@ from vit_ct.metrics.map_scores import MapMetrics
 from vit_ct.model.architecture import Network
 from vit_ct.model.hparams import check_hparams, predated_hparams, unstored_hparams
 from vit_ct.model.network import AirSkippingViT
-from vit_ct.model.stem import ConvStemPatchEmbed
+from vit_ct.model.stem import ConvStemPatchEmbed, NeighbourKernels, split_neighbour_kernels
 from vit_ct.model.weights import choose_stem, load_start, read_start, start_architecture
 from vit_ct.model.weights_input import model_input, read_lightning_checkpoint, weights_input
 from vit_ct.task.anchor import StartAnchor
@@ -172,6 +172,9 @@ class ViTClassifier(SeesAsCheckpointed):
             **({"embed_layer": ConvStemPatchEmbed} if h.stem == "conv" else {}),
             **{k: v for k, v in overrides.items() if v is not None},
         )
+        contract = self.input_contract
+        if contract.slices > 1:  # the neighbours' kernels apart, for the optimiser: they learn at their own rate
+            split_neighbour_kernels(self.vit.patch_embed, per_slice=contract.in_chans // contract.slices)
         needs_head = h.patch_loss_weight > 0 or h.mil_loss_weight > 0 or h.evidence_attention
         self.patch_head = nn.Linear(self.vit.embed_dim, 1) if needs_head else None
         if h.grad_checkpointing:
@@ -346,7 +349,12 @@ class ViTClassifier(SeesAsCheckpointed):
         return {"optimizer": optimizer, "lr_scheduler": schedule}
 
     def param_groups(self) -> list[dict]:
-        """The optimiser's parameter groups (:func:`vit_ct.task.optim.param_groups`), the patch head's included."""
+        """The optimiser's parameter groups (:func:`vit_ct.task.optim.param_groups`), the patch head's included, and
+        with context the neighbours' kernels at the peak rate (new to weights that read single slices, they would
+        barely move at the stem's layer-decayed rate)."""
         h = self.hparams
+        first = self.vit.patch_embed.proj
+        first = first[0] if isinstance(first, nn.Sequential) else first
+        fresh = [first.neighbours] if isinstance(first, NeighbourKernels) else []
         return param_groups(self.vit, lr=h.lr, weight_decay=h.weight_decay, layer_decay=h.layer_decay,
-                            extra=self.patch_head)  # fmt: skip
+                            extra=self.patch_head, peak_rate=fresh)  # fmt: skip

@@ -4,6 +4,7 @@ and the default per-step schedule: linear warm-up, then cosine to 0."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import lightning as L
 import torch
@@ -19,10 +20,12 @@ def param_groups(
     weight_decay: float,
     layer_decay: float | None = None,
     extra: nn.Module | None = None,
+    peak_rate: Sequence[nn.Parameter] = (),
 ) -> list[dict]:
     """timm's groups of the network: no decay on 1-D tensors and ``no_weight_decay()``; with ``layer_decay`` (e.g.
     0.75) each block's rate scaled by ``layer_decay ** depth_from_the_top``. ``extra`` (a head beside the network)
-    joins without decay."""
+    joins without decay; ``peak_rate`` (tensors of the network the start weights did not train) leave their layer's
+    group for one at ``lr``, with weight decay."""
     skip = vit.no_weight_decay()
     if layer_decay is not None:
         groups = param_groups_layer_decay(vit, weight_decay=weight_decay, no_weight_decay_list=skip,
@@ -31,6 +34,12 @@ def param_groups(
             group["lr"] = lr * group.pop("lr_scale", 1.0)
     else:
         groups = param_groups_weight_decay(vit, weight_decay=weight_decay, no_weight_decay_list=skip)
+    if peak_rate:
+        apart = {id(p) for p in peak_rate}
+        for group in groups:
+            group["params"] = [p for p in group["params"] if id(p) not in apart]
+        groups = [group for group in groups if group["params"]]
+        groups.append({"params": list(peak_rate), "lr": lr, "weight_decay": weight_decay})
     if extra is not None:
         groups.append({"params": list(extra.parameters()), "weight_decay": 0.0})
     return groups
