@@ -4,10 +4,12 @@ slices start a model with context as they read the slice itself."""
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
 import pandas as pd
+import pydicom
 import pytest
 import torch
 from conftest import TINY_MODEL_ARGS, tiny_data_args
@@ -41,7 +43,7 @@ def test_a_fit_with_context_records_it_and_predict_follows_it(with_context, synt
     assert checkpoint["state_dict"]["vit.patch_embed.proj.0.weight"].shape[1] == 6
     with caplog.at_level(logging.INFO):  # demo.yaml reads single slices: the checkpoint's context wins, said once
         cli = main(["predict", "--config", DEMO, *tiny_data_args(synthetic_set), *QUIET, "--ckpt_path",
-                    str(with_context), "--output_dir", str(tmp_path / "out")])  # fmt: skip
+                    str(with_context), "--output_dir", str(tmp_path / "out"), "--dicom_out", "true"])  # fmt: skip
     said = [r.getMessage() for r in caplog.records]
     assert (
         f"input follows the checkpoint: data.context_mm: 20.0 (as {with_context} was trained; the config said None)"
@@ -49,7 +51,35 @@ def test_a_fit_with_context_records_it_and_predict_follows_it(with_context, synt
     )
     assert cli.datamodule.num_channels == 6
     assert any("context 20 mm below and above: 24 slices" in line for line in said)
-    assert len(pd.read_csv(tmp_path / "out" / "predictions.csv")) == 24
+    predictions = pd.read_csv(tmp_path / "out" / "predictions.csv", dtype={"scan": str})
+    assert len(predictions) == 24
+    # the PACS objects of each scan, from maps of slices read with their neighbours: the slice's own grid and source
+    objects = pd.read_csv(tmp_path / "out" / "dicom" / "objects.csv", dtype={"scan": str})
+    for scan_id, rows in predictions.groupby("scan"):
+        listed = objects[objects["scan"] == scan_id]
+        assert sorted(listed["kind"].unique()) == ["pm", "sc", "seg"] and (listed["kind"] == "sc").sum() == len(rows)
+        pm = pydicom.dcmread(tmp_path / "out" / listed.loc[listed["kind"] == "pm", "file"].item())
+        sources = {pydicom.dcmread(synthetic_set.parent / image).SOPInstanceUID for image in rows["image"]}
+        assert (
+            pm.NumberOfFrames == len(rows)
+            and {
+                f.DerivationImageSequence[0].SourceImageSequence[0].ReferencedSOPInstanceUID
+                for f in pm.PerFrameFunctionalGroupsSequence
+            }
+            == sources
+        )
+
+
+def test_the_reports_sanity_check_reads_slices_with_the_checkpoints_context(with_context, synthetic_set, tmp_path):
+    out, report = tmp_path / "out", tmp_path / "report"
+    main(["predict", "--config", DEMO, *tiny_data_args(synthetic_set), *QUIET, "--ckpt_path", str(with_context),
+          "--output_dir", str(out)])  # fmt: skip
+    main(["report", str(out), "--manifest", str(synthetic_set), "--output_dir", str(report), "--bootstrap", "20",
+          "--ckpt_path", str(with_context), "--sanity_slices", "4"])  # fmt: skip
+    sanity = json.loads((report / "report.json").read_text())["sanity"]
+    rollout = sanity["methods"]["attention rollout"]
+    assert sanity["slices"] == 4 and rollout["slices"] == 4 and rollout["verdict"] in ("PASS", "FAIL")
+    assert rollout["steps"][0]["spearman_mean"] == 1.0  # the trained model against itself
 
 
 def test_the_review_reads_slices_with_the_checkpoints_context(with_context, synthetic_set):
@@ -68,9 +98,11 @@ def test_a_fine_tune_adds_context_to_a_checkpoint_of_single_slices(synthetic_set
                     "--model.weights", str(alone), "--data.init_args.context_mm", "20",
                     "--trainer.default_root_dir", str(tmp_path / "tuned")])  # fmt: skip
     said = [r.getMessage() for r in caplog.records]
-    assert any(
-        line.startswith("input as configured: data.context_mm: 20.0, each slice with its neighbours") for line in said
-    )
+    assert (
+        f"input as configured: data.context_mm: 20.0, each slice with its neighbours 20 mm below and above; the weights"
+        f" {alone} read each slice alone: the model starts with their kernels on the slice's own channels, zeros on"
+        " the neighbours'"
+    ) in said
     assert cli.model.input_contract.context_mm == 20.0 and cli.model.hparams.in_chans == 6
     start = torch.load(alone, weights_only=True, map_location="cpu")["state_dict"]["vit.patch_embed.proj.0.weight"]
     kernels = cli.model.vit.patch_embed.proj[0].weight.detach()

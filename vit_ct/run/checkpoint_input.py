@@ -13,7 +13,7 @@ from typing import Any
 
 from jsonargparse import Namespace
 
-from vit_ct.data.transforms.contract import describe_window
+from vit_ct.data.transforms.contract import describe_window, reading
 from vit_ct.data.transforms.windows import parse_windows
 from vit_ct.model.hparams import NETWORK
 from vit_ct.model.weights_input import WeightsInput, weights_input
@@ -109,11 +109,14 @@ def _follow_context(data: Namespace, found: WeightsInput) -> list[str]:
         data["context_mm"] = theirs
         return [f"input follows the {found.source}: data.context_mm: {theirs!r} (as {found.path} was trained; the"
                 f" config said {given!r})"]  # fmt: skip
-    read = "each slice alone" if given is None else f"each slice with its neighbours {given:g} mm below and above"
-    return [
-        f"input as configured: data.context_mm: {given!r}, {read}; the weights {found.path} were trained with"
-        f" context_mm {theirs!r} and read the slice's own channels as trained"
-    ]
+    if theirs is None:
+        kept = "their kernels on the slice's own channels, zeros on the neighbours'"
+    elif given is None:
+        kept = "their kernels on the slice's own channels; those on the neighbours' are dropped"
+    else:
+        kept = f"their kernels as trained, on neighbours {given:g} mm away"
+    return [f"input as configured: data.context_mm: {given!r}, {reading(given)}; the weights {found.path} read"
+            f" {reading(theirs)}: the model starts with {kept}"]  # fmt: skip
 
 
 @functools.cache

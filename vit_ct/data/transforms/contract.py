@@ -158,8 +158,15 @@ class InputContract:
             if self.read_options.get("stored_values_are_hu"):
                 text += ", stored values taken as HU"
         if self.context_mm is not None:
-            text += f", each slice with its neighbours {self.context_mm:g} mm below and above"
+            text += ", " + reading(self.context_mm)
         return text
+
+
+def reading(context_mm: float | None) -> str:
+    """How slices are read: ``each slice alone`` or ``each slice with its neighbours 5 mm below and above``."""
+    if context_mm is None:
+        return "each slice alone"
+    return f"each slice with its neighbours {context_mm:g} mm below and above"
 
 
 def slices_read(context_mm: float | None) -> int:
