@@ -26,6 +26,7 @@ from vit_ct.report import bootstrap as bootstrap_module
 from vit_ct.report import report_command
 from vit_ct.report.bootstrap import patient_bootstrap, replicate
 from vit_ct.report.calibration import calibration_scores, fit_temperature, reliability, scale
+from vit_ct.report.decision import THRESHOLDS, net_benefit, treat_all
 from vit_ct.report.detection import detection_scores
 from vit_ct.report.subgroups import MIN_CASES, subgroup
 
@@ -87,6 +88,22 @@ def test_temperature_scaling_recovers_an_overconfident_models_temperature():
     assert temperature == pytest.approx(2.0, rel=0.05)
     after = calibration_scores(scale(overconfident, temperature), label)["ece"]
     assert after < calibration_scores(overconfident, label)["ece"] / 3
+
+
+def test_net_benefit_equals_the_hand_count():
+    """Net benefit at t = TP/n - FP/n x t/(1 - t), the cases called being those with P(lesion) >= t."""
+    at = np.array([0.2, 0.5, 0.6, 0.95])
+    # t = 0.2: 0.9, 0.6, 0.4, 0.2, 0.7, 0.6, 0.3, 0.2 called: TP 4, FP 4 -> 4/10 - 4/10 x 0.25
+    # t = 0.5: 0.9, 0.6, 0.7, 0.6: TP 2, FP 2 -> 2/10 - 2/10 x 1; t = 0.6 the same cases (the ties at 0.6 are called)
+    # t = 0.95: none called -> 0
+    expected = [0.4 - 0.4 * 0.25, 0.2 - 0.2 * 1.0, 0.2 - 0.2 * 1.5, 0.0]
+    np.testing.assert_allclose(net_benefit(PROB, LABEL, at), expected, atol=1e-12)
+    # acting on every case: prevalence 0.4 -> 0.4 - 0.6 x t/(1 - t)
+    np.testing.assert_allclose(treat_all(LABEL, at), 0.4 - 0.6 * at / (1 - at), atol=1e-12)
+    # against the plain definition at every threshold of the curve
+    prob, label = PROB, LABEL
+    plain = [((prob >= t) & label).sum() / 10 - ((prob >= t) & ~label).sum() / 10 * t / (1 - t) for t in THRESHOLDS]
+    np.testing.assert_allclose(net_benefit(PROB, LABEL), plain, atol=1e-12)
 
 
 def test_a_replicate_is_the_rows_of_the_patients_it_drew():
@@ -228,6 +245,22 @@ def test_a_report_of_a_predict_output_beside_a_made_up_cnn(tmp_path):
     worst = record["worst_cases"]["false_positives"]
     assert [c["p_lesion"] for c in worst] == sorted(test.loc[(test["label"] == 0) & (test["prob"] > 0.5), "prob"],
                                                     reverse=True)[: len(worst)]  # fmt: skip
+    # the decision curves, slices and scans, as the hand-checked net benefit gives them on the reported cases
+    for level, cases in (("slice", test), ("scan", scans)):
+        curve = record["decision_curve"][level]
+        prob, label = cases["prob"].to_numpy(), cases["label"].to_numpy(bool)
+        assert curve["n"] == len(cases) and curve["thresholds"] == THRESHOLDS.tolist()
+        np.testing.assert_allclose(curve["model"], net_benefit(prob, label), atol=1e-12)
+        np.testing.assert_allclose(curve["treat_all"], treat_all(label), atol=1e-12)
+        lo, hi = (np.array(bound, float) for bound in curve["model_ci95"])
+        assert np.all(lo <= np.array(curve["model"]) + 1e-12) and np.all(np.array(curve["model"]) <= hi + 1e-12)
+        better = np.array(curve["model"]) > np.maximum(treat_all(label), 0)
+        inside, grid = np.zeros_like(better), THRESHOLDS
+        for first, last in curve["model_better"]:
+            inside |= (grid >= first) & (grid <= last)
+        assert np.array_equal(inside, better)
+        row = next(r for r in curve["table"] if r["threshold"] == 0.2)
+        assert row["model"]["value"] == pytest.approx(net_benefit(prob, label, np.array([0.2]))[0])
     # the CNN beside it, on the same slices
     mine = record["compare"]["my-cnn"]
     cnn_test = cnn.set_index("image").loc[test["image"], "prob"]
@@ -235,12 +268,12 @@ def test_a_report_of_a_predict_output_beside_a_made_up_cnn(tmp_path):
     assert mine["maps"] == {}  # no map columns: no map figures
 
     page = (report / "report.html").read_text(encoding="utf-8")
-    assert "my-cnn" in page and "vit-ct" in page
+    assert "my-cnn" in page and "vit-ct" in page and "<h2>Decision curve</h2>" in page
     text = re.sub(r"data:image/png;base64,[A-Za-z0-9+/=]+", "DATA", page)  # the embedded PNGs
     assert not re.search(r"https?:|//|url\(|<link|<script", text)  # nothing to fetch: it opens offline
     assert set(re.findall(r'(?:src|href)="([^"]*)"', text)) == {"DATA"}
     figures = sorted(p.name for p in (report / "figures").glob("*.png"))
-    assert figures == ["pointing_by_size.png", "pr.png", "reliability.png", "roc.png"]
+    assert figures == ["decision_curve.png", "pointing_by_size.png", "pr.png", "reliability.png", "roc.png"]
     for figure in figures:  # each figure embedded as it was written
         encoded = base64.b64encode((report / "figures" / figure).read_bytes()).decode()
         assert encoded in page

@@ -13,6 +13,7 @@ import pandas as pd
 from vit_ct.metrics.schema import PREDICTIONS
 from vit_ct.report.bootstrap import estimate, patient_bootstrap, percentile_interval
 from vit_ct.report.calibration import BINS, calibration_scores, fit_temperature, reliability, scale
+from vit_ct.report.decision import decision_curve
 from vit_ct.report.detection import detection_counts, detection_scores
 from vit_ct.report.inputs import (
     MASK_PATH,
@@ -35,7 +36,8 @@ WORST = 5  # most confident false positives and false negatives shown
 @dataclass
 class ModelEvidence:
     """One model's report: ``sections`` as report.json holds them (``slice``, ``scan``, ``maps``, ``calibration``,
-    ``subgroups``, ``worst_cases``, ``rows``), and what the figures draw (curves with bands, reliability bins)."""
+    ``decision_curve``, ``subgroups``, ``worst_cases``, ``rows``), and what the figures draw (curves with bands,
+    reliability bins)."""
 
     name: str
     sections: dict
@@ -155,7 +157,7 @@ def model_evidence(
     slices = join(predictions, manifest)
     in_split, split = split_rows(slices, split)
     rows = labelled(lesion_areas(dicom_fields(in_split)))
-    curves, slice_metrics, calibration, maps, groups, worst = {}, {}, {}, {}, {}, {}
+    curves, slice_metrics, calibration, maps, groups, worst, decision = {}, {}, {}, {}, {}, {}, {}
     if len(rows):  # slice labels (a manifest of scan labels alone has them only for lesion-free scans)
         slice_metrics, curves["slice"] = level_figures(rows, calibration=True, resamples=resamples, seed=seed)
         val = labelled(slices[slices[SPLIT] == "val"]) if split != "val" else rows.iloc[:0]
@@ -167,15 +169,18 @@ def model_evidence(
         elif PREDICTIONS.rollout in predictions.table and MASK_PATH in rows and rows[MASK_PATH].notna().any():
             maps = {"note": unscored_maps_note(int(rows[MASK_PATH].notna().sum()))}
         groups, worst = subgroups(rows, slice_metrics, resamples=resamples, seed=seed), worst_cases(rows)
+        decision["slice"] = decision_curve(rows, resamples=resamples, seed=seed)
     scans, scan_metrics = scan_table(in_split), {}
     if scans is not None:
         scans = labelled(scans)
         scan_metrics, curves["scan"] = level_figures(scans, calibration=False, resamples=resamples, seed=seed)
+        decision["scan"] = decision_curve(scans, resamples=resamples, seed=seed)
     sections = {
         "slice": slice_metrics,
         "scan": scan_metrics,
         "maps": maps,
         "calibration": calibration,
+        "decision_curve": decision,
         "subgroups": groups,
         "worst_cases": worst,
         "rows": {

@@ -62,6 +62,10 @@ DEFINITIONS = {
     "slice's map with the trained model's, inside the head, and the share of slices whose map maximum left its patch; "
     "PASS when, fully randomised, mean ρ < 0.5 and at least half the maxima moved. The image floor reads no weight: "
     "it must FAIL",
+    "decision curve": "net benefit of acting on the cases with P(lesion) at or above a threshold probability t: "
+    "TP/n - FP/n x t/(1 - t) (Vickers & Elkin 2006), beside acting on every case (prevalence - (1 - prevalence) x "
+    "t/(1 - t)) and on none (0); t says how many false alarms one found lesion is worth, (1 - t)/t; above both: the "
+    "thresholds where the model's net benefit is higher than either",
     "subgroups": f"slices of one level of a manifest column, DICOM header field or lesion-area quartile; under "
     f"{MIN_CASES} slices only the count; verdict: lower / higher when the level's AUROC interval (sensitivity where it "
     "has no negatives, specificity where it has no positives) excludes the overall value",
@@ -126,6 +130,22 @@ def _maps(models: list) -> str:
     empty = f"<p>{html.escape(notes[0])}.</p>" if notes else "<p>No reported slice has a lesion mask.</p>"
     out = _table(["map and score", *(m.name for m in models)], rows) if rows else empty
     return out + (_table(["model", "lesion area quartile", "rollout pointing"], sizes) if sizes else "")
+
+
+def _decision(models: list, figures: dict[str, bytes]) -> str:
+    rows = []
+    for model in models:
+        for level, curve in model.sections["decision_curve"].items():
+            for entry in curve["table"]:
+                rows.append([html.escape(model.name), f"{level}s", f"{entry['threshold']:g}",
+                             _figure_cell(entry["model"]), f"{entry['treat_all']:.3f}", "0"])  # fmt: skip
+            ranges = ", ".join(f"{lo:g}-{hi:g}" for lo, hi in curve["model_better"]) or "none"
+            rows.append([html.escape(model.name), f"{level}s", "above both", ranges, "", ""])
+    if not rows:
+        return "<p>No labelled slice or scan: no decision curve.</p>"
+    header = ["model", "level", "threshold", "net benefit", "act on every case", "act on none"]
+    picture = _img(figures["decision_curve.png"], "decision curves") if "decision_curve.png" in figures else ""
+    return f'<div class="side"><div>{_table(header, rows)}</div><div class="curves">{picture}</div></div>'
 
 
 def _sanity(sanity: dict | None, figures: dict[str, bytes]) -> str:
@@ -206,7 +226,8 @@ def report_page(
     body += ["<h2>Calibration</h2>", _level_table(models, "calibration", ["ece", "brier", "ece_after", "brier_after"])]
     body += [_table(["model", "temperature T", "fitted on slices"], temperature) if temperature else
              f"<p>{html.escape(first['calibration'].get('temperature_note', ''))}</p>"]  # fmt: skip
-    body += [_img(figures["reliability.png"], "reliability diagram"), "<h2>Maps against the lesion masks</h2>",
+    body += [_img(figures["reliability.png"], "reliability diagram"), "<h2>Decision curve</h2>",
+             _decision(models, figures), "<h2>Maps against the lesion masks</h2>",
              _maps(models)]  # fmt: skip
     if "pointing_by_size.png" in figures:
         body.append(_img(figures["pointing_by_size.png"], "pointing by lesion size"))

@@ -1,5 +1,5 @@
 """The report's figures as PNG (matplotlib, Agg): ROC and precision-recall curves with their 95% bands, reliability
-diagrams, the pointing game by lesion size; one colour per model."""
+diagrams, decision curves, the pointing game by lesion size; one colour per model."""
 
 from __future__ import annotations
 
@@ -111,10 +111,43 @@ def pointing_by_size_figure(models: list) -> bytes | None:
     return _png(figure)
 
 
+def decision_figure(models: list) -> bytes | None:
+    """Decision curves per level (slices, scans): each model's net benefit over threshold probabilities with its 95%
+    band over patients, beside acting on every case (grey) and on none (zero); None when no model has one."""
+    levels = [level for level in ("slice", "scan") if any(level in m.sections["decision_curve"] for m in models)]
+    if not levels:
+        return None
+    figure, axes = plt.subplots(1, len(levels), figsize=(4.6 * len(levels), 4.2), squeeze=False)
+    for ax, level in zip(axes[0], levels, strict=True):
+        top = 0.0
+        for colour, model in zip(COLOURS, models, strict=False):
+            curve = model.sections["decision_curve"].get(level)
+            if curve is None:
+                continue
+            t, value = np.asarray(curve["thresholds"]), np.asarray(curve["model"], float)
+            lo, hi = (np.asarray(bound, float) for bound in curve["model_ci95"])
+            ax.plot(t, value, color=colour, label=model.name)
+            ax.fill_between(t, lo, hi, color=colour, alpha=0.2, linewidth=0)
+            top = max(top, curve["prevalence"] or 0.0)
+        every = np.asarray(curve["treat_all"], float)
+        ax.plot(t, every, color="grey", linewidth=1, label=f"act on every {level}")
+        ax.axhline(0.0, color="black", linewidth=1, linestyle=":", label="act on none")
+        ax.set_xlim(0, 1)
+        ax.set_ylim(-0.05 * max(top, 0.1), 1.1 * max(top, 0.1))
+        ax.set_xlabel("threshold probability")
+        ax.set_ylabel("net benefit")
+        ax.set_title(f"decision curve, {level}s")
+        ax.legend(loc="upper right", fontsize=8)
+    return _png(figure)
+
+
 def report_figures(models: list) -> dict[str, bytes]:
     """Every figure, by file name."""
     figures = {"roc.png": curve_figure(models, "roc"), "pr.png": curve_figure(models, "pr"),
                "reliability.png": reliability_figure(models)}  # fmt: skip
+    decision = decision_figure(models)
+    if decision is not None:
+        figures["decision_curve.png"] = decision
     pointing = pointing_by_size_figure(models)
     if pointing is not None:
         figures["pointing_by_size.png"] = pointing

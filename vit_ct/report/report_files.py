@@ -26,7 +26,7 @@ from vit_ct.report.plots import report_figures
 from vit_ct.task.settings import Maps
 
 REPORT_JSON, REPORT_HTML, CALIBRATION_JSON, FIGURES = "report.json", "report.html", "calibration.json", "figures"
-SECTIONS = ("slice", "scan", "maps", "calibration", "subgroups", "worst_cases", "rows")
+SECTIONS = ("slice", "scan", "maps", "calibration", "decision_curve", "subgroups", "worst_cases", "rows")
 SANITY = "sanity"  # report.json's model-randomisation check (--ckpt_path); null without a checkpoint
 
 
