@@ -216,12 +216,12 @@ def test_the_report_cell_shows_the_report_of_the_predict_output_it_opens(tmp_pat
     assert np.isnan(headline.loc[("maps/rollout", "pointing"), "cnn"])  # the CNN has no maps
     assert list(headline.index[:2]) == [("slice", "auroc"), ("slice", "average_precision")]
     figures = sorted((out / "report" / "figures").glob("*.png"))
-    assert len(figures) == 4 and [image.data for image in images] == [png.read_bytes() for png in figures]
+    assert len(figures) == 5 and [image.data for image in images] == [png.read_bytes() for png in figures]
 
     elsewhere = tmp_path / "elsewhere"  # a report folder named by report_dir: shown whatever predict_output is
     main(["report", str(out), "--manifest", str(manifest), "--bootstrap", "20", "--output_dir", str(elsewhere)])
     headline, *images = report_cell(None, str(elsewhere))
-    assert str(elsewhere / "report.html") in capsys.readouterr().out and len(images) == 4
+    assert str(elsewhere / "report.html") in capsys.readouterr().out and len(images) == 5
     with pytest.raises(ValueError, match=f"report_dir {tmp_path}: no report.json there"):
         report_cell(str(out), str(tmp_path))
     report_cell(None)
