@@ -93,7 +93,7 @@ def changed_code(record: dict, root: Path | None = None) -> list[str] | None:
     """The files a record ran whose code changed since (:func:`benchmarks.recording.changed_code`: other bytes, or
     gone), less those that changed in comments and docstrings only: the file as git holds it at the record's commit,
     those very bytes, parses to the same code as the file now. None for a record written before records kept their
-    code. (This check lives here, not in ``recording``, whose own code every record ran.)"""
+    code."""
     root = recording.ROOT if root is None else root
     changed = recording.changed_code(record, root)
     if not changed or not record.get("commit"):

@@ -16,18 +16,22 @@ import re
 import shlex
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from benchmarks import processes
+from benchmarks.processes import timed_vit_ct  # noqa: F401  (the benchmarks import it from here)
 from vit_ct.files import atomic_write
 from vit_ct.run.hardware import cpu_has_native_bf16, cpu_model, usable_cpus
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout (benchmarks only run from one)
 RECORDS = ROOT / "benchmarks" / "records"
 NAME = re.compile(r"[a-z0-9][a-z0-9_-]*")
+# The files that write, format and check records: they measure nothing, so no record's code includes them (an edit of
+# how a table is formatted does not make a measurement stale). What times a command lives in benchmarks/processes.py.
+RECORD_KEEPING = frozenset({"benchmarks/recording.py", "benchmarks/docs.py"})
 
 
 def machine() -> dict[str, Any]:
@@ -66,12 +70,14 @@ def git_state(folder: Path = ROOT) -> dict[str, Any]:
 
 def code_fingerprint(command: str, root: Path = ROOT) -> dict[str, str]:
     """The code a measurement ran, file by file (path relative to the checkout -> the first 16 hex digits of its
-    SHA-256): every ``vit_ct`` and ``benchmarks`` module this process imported (the benchmark's helpers too), the
-    configs the command names (``--config``) and the benchmark it runs (``-m benchmarks.NAME``). A measurement that
-    starts ``vit-ct`` as a process imports most of what that process does too, so this is the code to compare, not a
-    proof: :func:`changed_code` says which of these files differ since."""
+    SHA-256): every ``vit_ct`` and ``benchmarks`` module this process imported (the benchmark's helpers too), those
+    the commands it ran through :func:`~benchmarks.processes.timed_vit_ct` imported, the configs the command names
+    (``--config``) and the benchmark it runs (``-m benchmarks.NAME``). A command a benchmark starts another way (its
+    own ``subprocess``) adds nothing, so this is the code to compare, not a proof: :func:`changed_code` says which of
+    these files differ since. The record keeping itself (:data:`RECORD_KEEPING`) is left out."""
     files = {Path(m.__file__) for name, m in list(sys.modules.items())
              if name.split(".")[0] in ("vit_ct", "benchmarks") and getattr(m, "__file__", None)}  # fmt: skip
+    files |= processes.CHILD_CODE
     words = shlex.split(command)
     files |= {root / b for a, b in zip(words, words[1:], strict=False) if a == "--config"}
     files |= {root / (b.replace(".", "/") + ".py") for a, b in zip(words, words[1:], strict=False)
@@ -79,18 +85,18 @@ def code_fingerprint(command: str, root: Path = ROOT) -> dict[str, str]:
     found = {}
     for path in sorted(files):
         path = path.resolve()
-        if path.is_file() and path.is_relative_to(root):
+        if path.is_file() and path.is_relative_to(root) and path.relative_to(root).as_posix() not in RECORD_KEEPING:
             found[path.relative_to(root).as_posix()] = _digest(path)
     return found
 
 
 def changed_code(record: dict[str, Any], root: Path = ROOT) -> list[str] | None:
     """The files of a record's :func:`code_fingerprint` that differ now (or are gone); None for a record written
-    before records kept one."""
+    before records kept one. The record keeping that older records list (:data:`RECORD_KEEPING`) is not compared."""
     if "code" not in record:
         return None
-    return sorted(relative for relative, digest in record["code"].items()
-                  if not (root / relative).is_file() or _digest(root / relative) != digest)  # fmt: skip
+    return sorted(relative for relative, digest in record["code"].items() if relative not in RECORD_KEEPING
+                  and (not (root / relative).is_file() or _digest(root / relative) != digest))  # fmt: skip
 
 
 def _digest(path: Path) -> str:
@@ -101,18 +107,6 @@ def command_line(module: str, argv: list[str] | None = None) -> str:
     """The command as a reader would type it again in the checkout: ``python -m MODULE ARGS`` (``argv`` None: this
     process's)."""
     return shlex.join(["python", "-m", module, *(sys.argv[1:] if argv is None else argv)])
-
-
-def timed_vit_ct(*args: str) -> float:
-    """Wall seconds of ``python -m vit_ct ARGS`` in a fresh process running this checkout's code (first on
-    PYTHONPATH), as a benchmark times a command a user runs; raises with the end of its stderr if it fails."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    start = time.perf_counter()
-    result = subprocess.run([sys.executable, "-m", "vit_ct", *args], env=env, capture_output=True, text=True)
-    seconds = time.perf_counter() - start
-    if result.returncode != 0:
-        raise RuntimeError(f"vit-ct {args[0]} failed ({result.returncode}): {result.stderr[-3000:]}")
-    return seconds
 
 
 def table(columns: list[str], rows: list[list[Any]], formats: list[str | None] | None = None) -> dict[str, Any]:

@@ -12,9 +12,10 @@ import subprocess
 import pytest
 from conftest import ROOT
 
-from benchmarks import docs
+from benchmarks import docs, processes
 from benchmarks import recording as records_module
 from benchmarks.recording import (
+    RECORD_KEEPING,
     RECORDS,
     changed_code,
     code_fingerprint,
@@ -241,8 +242,10 @@ def test_a_record_keeps_the_code_it_ran_and_the_check_lists_what_changed_since(t
     path = write_record("r", {"auroc": 0.9}, command="python -m benchmarks.docs --config configs/demo.yaml",
                         folder=tmp_path, git={"commit": "abc", "dirty": False})  # fmt: skip
     record = read_record("r", tmp_path)
-    assert {"benchmarks/recording.py", "configs/demo.yaml", "benchmarks/docs.py"} <= set(record["code"])
+    assert {"configs/demo.yaml", "benchmarks/processes.py"} <= set(record["code"])
+    assert not RECORD_KEEPING & set(record["code"])  # writing and checking records measures nothing
     assert changed_code(record) == []  # the code as it is now
+    assert changed_code({"code": {**record["code"], "benchmarks/docs.py": "0" * 16}}) == []  # as older records list
     root = tmp_path / "checkout"
     (root / "configs").mkdir(parents=True)
     (root / "configs" / "x.yaml").write_text("a: 1\n")
@@ -258,6 +261,18 @@ def test_a_record_keeps_the_code_it_ran_and_the_check_lists_what_changed_since(t
         "earlier code: r (written before records kept the code they ran)",
         "uncommitted: r (measured on commit abc with changes)",
     ]
+
+
+def test_the_code_of_a_command_a_benchmark_starts_as_a_process_joins_its_record(tmp_path, monkeypatch):
+    """``timed_vit_ct`` runs the command as a user does, in its own process: the modules that process imported (here
+    the report's) are part of the record's code."""
+    monkeypatch.setattr(processes, "CHILD_CODE", set())
+    with pytest.raises(RuntimeError, match="vit-ct report failed"):  # a run that fails still says what it ran
+        processes.timed_vit_ct("report", str(tmp_path / "nothing"), "--manifest", str(tmp_path / "none.csv"))
+    ran = {path.relative_to(records_module.ROOT).as_posix() for path in processes.CHILD_CODE}
+    assert {"vit_ct/__main__.py", "vit_ct/report/report_command.py", "vit_ct/report/report_files.py"} <= ran
+    code = code_fingerprint("python -m benchmarks.report_time")
+    assert {"vit_ct/report/report_files.py", "vit_ct/report/evidence.py"} <= set(code)
 
 
 def test_a_comment_edited_since_leaves_the_record_current_and_a_code_edit_does_not(tmp_path):
