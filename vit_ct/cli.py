@@ -151,19 +151,32 @@ def _cli(args: list[str] | None, run: bool):
 
 
 def _prediction_writers(
-    output_dir: str, overwrite: bool, inputs: list, dicom_out: bool = False, *, calibration: str | None = None
+    output_dir: str,
+    overwrite: bool,
+    inputs: list,
+    dicom_out: bool = False,
+    *,
+    calibration: str | None = None,
+    decision_threshold: float | None = None,
 ) -> list:
     """What ``predict`` writes ``output_dir`` with: ``predictions.csv``, maps and overlays, then per scan
     ``scans.csv`` and NIfTI volumes (it reads the first one's ``predictions.csv``), and with ``dicom_out`` the DICOM
-    objects of each DICOM scan (they read both). A non-empty ``output_dir`` is refused here, before any slice is
-    read, unless ``overwrite``; so is a ``calibration`` file that holds no temperature."""
+    objects of each DICOM scan (they read both; the SR's decision at ``decision_threshold``, None: 0.5). A non-empty
+    ``output_dir`` is refused here, before any slice is read, unless ``overwrite``; so is a ``calibration`` file that
+    holds no temperature, and a ``decision_threshold`` outside [0, 1] or without ``dicom_out``."""
+    if decision_threshold is not None and not 0.0 <= decision_threshold <= 1.0:  # (NaN too)
+        raise ValueError(f"--decision_threshold {decision_threshold}: expected a probability between 0 and 1")
+    if decision_threshold is not None and not dicom_out:
+        raise ValueError("--decision_threshold is where --dicom_out's Structured Report calls a finding present:"
+                         " add --dicom_out true, or drop --decision_threshold")  # fmt: skip
     from vit_ct.predict.scan_writer import ScanResultsWriter
     from vit_ct.predict.writer import PredictionWriter
 
     writer = PredictionWriter(output_dir, overwrite=overwrite, inputs=inputs, calibration=calibration)
     writers = [writer, ScanResultsWriter(writer)]
     if dicom_out:
-        from vit_ct.predict.dicom_scan import DicomObjectsWriter
+        from vit_ct.predict.dicom_scan import THRESHOLD, DicomObjectsWriter
 
-        writers.append(DicomObjectsWriter(writer))
+        threshold = THRESHOLD if decision_threshold is None else decision_threshold
+        writers.append(DicomObjectsWriter(writer, threshold=threshold))
     return writers

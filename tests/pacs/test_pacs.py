@@ -11,12 +11,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import highdicom as hd
 import numpy as np
 import pydicom
 import pytest
 from conftest import free_port
 from orthanc_servers import USERS, needs_orthanc, write_study
 from pydicom.data import get_testdata_file
+from pydicom.sr.codedict import codes
+from pydicom.uid import ParametricMapStorage, SegmentationStorage
 
 from vit_ct.cli import main
 from vit_ct.pacs.connection import (
@@ -238,7 +241,7 @@ def test_the_round_trip_stores_every_dicom_object_predict_wrote_into_the_study(o
          "--output_dir", str(out), "--model.network.embed_dim", "32", "--model.network.depth", "2",
          "--model.network.num_heads", "2",
          "--data.init_args.img_size", "32", "--data.init_args.windows", "[brain]", "--data.init_args.num_workers",
-         "0", "--trainer.logger", "false"],
+         "0", "--trainer.logger", "false", "--decision_threshold", "0"],
         capture_output=True, text=True, timeout=600, cwd=tmp_path,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -260,3 +263,22 @@ def test_the_round_trip_stores_every_dicom_object_predict_wrote_into_the_study(o
             assert back.PixelData == written.PixelData
         elif "FloatPixelData" in written:  # the Parametric Map's float values
             assert back.FloatPixelData == written.FloatPixelData
+
+    # the Structured Report as the server gives it back: the finding, and the evidence it names is on the server
+    uids = {(d := pydicom.dcmread(p)).SOPInstanceUID: d.SeriesInstanceUID for p in objects}
+    (path,) = (p for p in objects if p.name == "sr.dcm")
+    written = pydicom.dcmread(path)
+    back = server.client.retrieve_instance(study, written.SeriesInstanceUID, written.SOPInstanceUID,
+                                           media_types=(("application/dicom", "*"),))  # fmt: skip
+    report = hd.sr.Comprehensive3DSR.from_dataset(back)
+    (finding,) = report.content.get_image_measurement_groups()
+    assert finding.finding_type == codes.SCT.IntracranialHemorrhage
+    decision = finding.get_qualitative_evaluations(name=codes.DCM.PresenceOfProperty)[0].value
+    assert decision == codes.SCT.Present  # --decision_threshold 0, passed through to predict: every scan
+    (region,) = report.content.get_volumetric_roi_measurement_groups()
+    segment = region.referenced_segment.referenced_sop_instance_uid
+    (peak,) = region.get_measurements(name=codes.DCM.Saliency)
+    pm = peak.referenced_images[0].referenced_sop_instance_uid
+    for uid, sop_class in ((segment, SegmentationStorage), (pm, ParametricMapStorage)):
+        stored = server.client.retrieve_instance(study, uids[uid], uid, media_types=(("application/dicom", "*"),))
+        assert stored.SOPClassUID == sop_class

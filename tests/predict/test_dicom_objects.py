@@ -12,16 +12,21 @@ import pydicom
 import pytest
 from dicom_validation import dciodvfy_findings
 from PIL import Image
+from pydicom.sr.codedict import codes
 from pydicom.uid import ParametricMapStorage
 
 from vit_ct.explain.overlay import add_caption, render_overlay
 from vit_ct.predict.dicom_objects import (
     NOT_FOR_DIAGNOSIS,
+    PRIVATE_SCHEME,
+    Finding,
     Provenance,
+    finding_code,
     parametric_map,
     patient_orientation,
     secondary_captures,
     segmentation,
+    structured_report,
 )
 
 PROVENANCE = Provenance("vit_tiny_patch16_224", "ab" * 32, "attention rollout (head fusion mean)", "0.1.0")
@@ -30,6 +35,9 @@ PROVENANCE = Provenance("vit_tiny_patch16_224", "ab" * 32, "attention rollout (h
 KNOWN_WARNINGS = (
     "Warning - Unrecognized defined term <QUANTITY> for value 4 of attribute <Image Type>",
     "Warning - Unrecognized defined term <QUANTITY> for value 4 of attribute <Frame Type>",
+    # a private coding scheme (PS3.3 8.2: designators beginning "99"), declared in the SR's Coding Scheme
+    # Identification; dciodvfy knows only the standard ones
+    f"Warning - Unrecognized defined term <{PRIVATE_SCHEME}> for value 1 of attribute <Coding Scheme Designator>",
 )
 
 
@@ -50,13 +58,15 @@ def frame_sources(ds) -> list[str]:
     return [g.DerivationImageSequence[0].SourceImageSequence[0].ReferencedSOPInstanceUID for g in groups]
 
 
-def assert_in_source_study(ds, source, *, frame_of_reference: bool = True):
+def assert_in_source_study(ds, source, *, frame_of_reference: bool = True, body_part: bool = True):
     for keyword in ("StudyInstanceUID", "PatientID", "PatientName", "PatientBirthDate", "PatientSex", "StudyDate"):
         assert ds[keyword].value == source[keyword].value, keyword
     if frame_of_reference:
         assert ds.FrameOfReferenceUID == source.FrameOfReferenceUID
     assert ds.SeriesInstanceUID != source.SeriesInstanceUID
-    assert ds.Manufacturer == "vit-ct" and ds.BodyPartExamined == "HEAD"
+    assert ds.Manufacturer == "vit-ct" and (
+        ds.BodyPartExamined == "HEAD" if body_part else "BodyPartExamined" not in ds
+    )
 
 
 def assert_valid(path):
@@ -161,3 +171,49 @@ def test_patient_orientation_follows_the_slice_orientation(series):
     source = copy.deepcopy(series[0][0])  # Dataset.copy() is shallow: it would turn the module's series sagittal
     source.ImageOrientationPatient = [0, 1, 0, 0, 0, -1]  # sagittal: rows run posterior, columns down to the feet
     assert patient_orientation(source) == ("P", "F")
+
+
+def test_structured_report_says_the_finding_and_references_its_evidence(series, tmp_path):
+    """TID 1500 read back with highdicom: per finding its probability, the threshold, Present / Absent as the
+    threshold decides and the slice it was read from; the SEG's segment and the Parametric Map by UID; valid."""
+    sources, maps = series
+    pm = parametric_map(sources, maps, PROVENANCE, description="pm")
+    seg = segmentation(sources, maps > 0.01, PROVENANCE, description="seg")
+    findings = [Finding(finding_code(None), 0.81, 1), Finding(finding_code("subdural"), 0.3, 3)]
+    path = tmp_path / "sr.dcm"
+    structured_report(sources, findings, 0.5, pm, seg, PROVENANCE, description="vit-ct finding").save_as(path)
+    assert_valid(path)
+    sr = hd.sr.srread(path)
+    assert_in_source_study(sr, sources[0], frame_of_reference=False, body_part=False)  # an SR has none
+    assert sr.SeriesDescription == "vit-ct finding" and sr.VerificationFlag == "UNVERIFIED"
+    assert sr.CodingSchemeIdentificationSequence[0].CodingSchemeDesignator == PRIVATE_SCHEME
+    evidence = {item.ReferencedSOPInstanceUID for study in sr.CurrentRequestedProcedureEvidenceSequence
+                for series in study.ReferencedSeriesSequence for item in series.ReferencedSOPSequence}  # fmt: skip
+    assert evidence == {pm.SOPInstanceUID, seg.SOPInstanceUID, *(s.SOPInstanceUID for s in sources)}
+    (observer,) = sr.content.get_observer_contexts()
+    assert observer.observer_type == codes.DCM.Device and observer.observer_identifying_attributes.name == "vit-ct"
+
+    groups = sr.content.get_image_measurement_groups()
+    assert [g.finding_type.value for g in groups] == ["1386000", "subdural"]
+    assert groups[0].finding_type.scheme_designator == "SCT"
+    for group, finding, present in zip(groups, findings, ("52101004", "272519000"), strict=True):
+        (probability,) = group.get_measurements(name=codes.DCM.Probability)
+        (threshold,) = group.get_measurements(name=codes.DCM.ThresholdValue)
+        assert (probability.value, threshold.value) == (pytest.approx(finding.probability), 0.5)
+        (evaluation,) = group.get_qualitative_evaluations(name=codes.DCM.PresenceOfProperty)
+        assert evaluation.value.value == present  # SNOMED CT Present at 0.81 >= 0.5, Absent at 0.3
+        (source,) = group.source_images
+        assert source.referenced_sop_instance_uid == sources[finding.peak].SOPInstanceUID
+
+    (region,) = sr.content.get_volumetric_roi_measurement_groups()
+    segment = region.referenced_segment
+    assert (segment.referenced_sop_instance_uid, segment.referenced_segment_numbers) == (seg.SOPInstanceUID, [1])
+    assert region.tracking_uid == seg.SegmentSequence[0].TrackingUID  # the same region as the SEG names it
+    (peak,) = region.get_measurements(name=codes.DCM.Saliency)
+    image = peak.referenced_images[0]
+    assert (image.referenced_sop_class_uid, image.referenced_sop_instance_uid) == (ParametricMapStorage,
+                                                                                    pm.SOPInstanceUID)  # fmt: skip
+    (frame,) = image.referenced_frame_numbers
+    assert peak.value == pytest.approx(float(pm.pixel_array[frame - 1].max())) and peak.value == pytest.approx(
+        float(maps.max())
+    )

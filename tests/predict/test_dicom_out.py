@@ -1,6 +1,7 @@
 """``vit-ct predict --dicom_out true`` on DICOM series through the real command: per scan a Parametric Map equal to
-the written maps and rollout volume, a SEG equal to the half-maximum region, Secondary Captures, all in the source
-study, with the same UIDs on a rerun, and every object valid by dciodvfy."""
+the written maps and rollout volume, a SEG equal to the half-maximum region, Secondary Captures, a Structured Report of
+the scan's finding that references them, all in the source study, with the same UIDs on a rerun, and every object
+valid by dciodvfy."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 import torch
 from conftest import DEMO, MANIFEST, TINY_MODEL_ARGS, run_vit_ct, tiny_data_args
 from dicom_validation import dciodvfy_findings
+from pydicom.sr.codedict import codes
 from test_dicom_objects import KNOWN_WARNINGS, frame_sources
 
 from vit_ct import load_ct_slice
@@ -20,17 +22,18 @@ from vit_ct.data.transforms.model_input import HEAD_HU
 from vit_ct.explain.segmentation import half_max_region
 
 
-def _predict(folders, checkpoint, out, cwd):
+def _predict(folders, checkpoint, out, cwd, *extra):
     return run_vit_ct("predict", "--config", DEMO, "--config", MANIFEST, *TINY_MODEL_ARGS, "--data.init_args.img_size",
                    "32", "--data.init_args.scans", f"[{','.join(map(str, folders))}]", "--ckpt_path", str(checkpoint),
-                   "--output_dir", str(out), "--dicom_out", "true", cwd=cwd)  # fmt: skip
+                   "--output_dir", str(out), "--dicom_out", "true", *extra, cwd=cwd)  # fmt: skip
 
 
 @pytest.mark.slow
 def test_predict_writes_dicom_objects_of_each_scan_in_its_study(synthetic_set, tiny_checkpoint, tmp_path):  # noqa: F811
     folders = sorted((synthetic_set.parent / "images").iterdir())[:2]  # two patients' series
     out = tmp_path / "out"
-    _predict(folders, tiny_checkpoint, out, tmp_path)
+    threshold = 0.3
+    _predict(folders, tiny_checkpoint, out, tmp_path, "--decision_threshold", str(threshold))
 
     predictions = pd.read_csv(out / "predictions.csv", dtype={"scan": str})
     scans = pd.read_csv(out / "scans.csv", dtype={"scan": str}).set_index("scan")
@@ -38,8 +41,8 @@ def test_predict_writes_dicom_objects_of_each_scan_in_its_study(synthetic_set, t
     assert sorted(objects["scan"].unique()) == sorted(scans.index)
     for scan_id, listed in objects.groupby("scan"):
         kinds = listed.set_index("kind")["file"]
-        assert list(listed["kind"]) == ["pm", "seg", "sc", "sc", "sc", "sc"]
-        assert list(kinds[["pm", "seg"]]) == [f"dicom/{scan_id}/pm.dcm", f"dicom/{scan_id}/seg.dcm"]
+        assert list(listed["kind"]) == ["pm", "seg", "sc", "sc", "sc", "sc", "sr"]
+        assert list(kinds[["pm", "seg", "sr"]]) == [f"dicom/{scan_id}/{k}.dcm" for k in ("pm", "seg", "sr")]
         rows = predictions[predictions["scan"] == scan_id]
         sources = {}
         for image, rollout, prob in zip(rows["image"], rows["rollout"], rows["prob"], strict=True):
@@ -70,6 +73,22 @@ def test_predict_writes_dicom_objects_of_each_scan_in_its_study(synthetic_set, t
         np.testing.assert_array_equal(pixels.astype(bool), half_max_region(heat, head).numpy())
         assert seg.SeriesDescription == f"vit-ct half-max; {described}"
 
+        sr = hd.sr.srread(out / kinds["sr"])  # the scan's finding as the report and the decision say it
+        (finding,) = sr.content.get_image_measurement_groups()  # a binary model: intracranial haemorrhage only
+        assert (
+            finding.finding_type == codes.SCT.IntracranialHemorrhage and sr.StudyInstanceUID == first.StudyInstanceUID
+        )
+        (probability,) = finding.get_measurements(name=codes.DCM.Probability)
+        assert probability.value == pytest.approx(summary["prob"])
+        assert finding.get_measurements(name=codes.DCM.ThresholdValue)[0].value == threshold
+        decision = finding.get_qualitative_evaluations(name=codes.DCM.PresenceOfProperty)[0].value
+        assert decision == (codes.SCT.Present if summary["prob"] >= threshold else codes.SCT.Absent)
+        assert finding.source_images[0].referenced_sop_instance_uid == peak_source.SOPInstanceUID
+        (region,) = sr.content.get_volumetric_roi_measurement_groups()
+        assert region.referenced_segment.referenced_sop_instance_uid == seg.SOPInstanceUID
+        (peak,) = region.get_measurements(name=codes.DCM.Saliency)
+        assert peak.referenced_images[0].referenced_sop_instance_uid == pm.SOPInstanceUID
+
         for path in listed.loc[listed["kind"] == "sc", "file"]:
             sc = pydicom.dcmread(out / path)
             source = sources[sc.SourceImageSequence[0].ReferencedSOPInstanceUID][0]
@@ -80,7 +99,7 @@ def test_predict_writes_dicom_objects_of_each_scan_in_its_study(synthetic_set, t
             assert set(warnings) <= set(KNOWN_WARNINGS), f"{path}: {warnings}"
 
     rerun = tmp_path / "rerun"
-    _predict(folders, tiny_checkpoint, rerun, tmp_path)
+    _predict(folders, tiny_checkpoint, rerun, tmp_path, "--decision_threshold", str(threshold))
     again = pd.read_csv(rerun / "dicom" / "objects.csv", dtype={"scan": str})
     pd.testing.assert_frame_equal(again, objects)  # the same files, series and instance UIDs
 
@@ -134,11 +153,53 @@ def test_a_scan_without_frame_of_reference_keeps_no_other_object_from_being_writ
     objects = pd.read_csv(out / "dicom" / "objects.csv", dtype={"scan": str})
     bad_scan = predictions.loc[predictions["image"].str.contains("no_frame_of_reference"), "scan"].iloc[0]
     written = objects.dropna(subset=["file"])
-    assert set(written.loc[written["scan"] != bad_scan, "kind"]) == {"pm", "seg", "sc"}
+    assert set(written.loc[written["scan"] != bad_scan, "kind"]) == {"pm", "seg", "sc", "sr"}
     assert set(written.loc[written["scan"] == bad_scan, "kind"]) == {"sc"}
     refused = objects[objects["file"].isna()].set_index("kind")
-    assert set(refused.index) == {"pm", "seg"} and set(refused["scan"]) == {bad_scan}
+    assert set(refused.index) == {"pm", "seg", "sr"} and set(refused["scan"]) == {bad_scan}
+    assert refused.loc["sr", "reason"].startswith("ValueError: the SR references the Parametric Map and the SEG")
     assert refused["reason"].str.contains("Frame Of Reference").all()
     assert "could not be written, each listed with its reason in" in run.stdout + run.stderr
     assert str(out / "dicom" / "objects.csv") in run.stdout + run.stderr  # OUT as the user named it
     assert "unlikely to represent the intended person name" not in run.stderr  # highdicom's, about the source's name
+
+
+@pytest.mark.parametrize(
+    ("threshold", "dicom_out", "expected"),
+    [
+        (1.5, True, r"--decision_threshold 1.5: expected a probability between 0 and 1"),
+        (float("nan"), True, r"--decision_threshold nan: expected a probability between 0 and 1"),
+        (0.2, False, r"--decision_threshold is where --dicom_out's Structured Report calls .* add --dicom_out true"),
+    ],
+)
+def test_a_decision_threshold_that_cannot_apply_is_refused_before_anything_is_written(
+    tmp_path, threshold, dicom_out, expected
+):
+    from vit_ct.cli import _prediction_writers
+
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match=expected):
+        _prediction_writers(str(out), False, [], dicom_out, decision_threshold=threshold)
+    assert not out.exists()
+    (writer, *_, objects) = _prediction_writers(str(out), False, [], True, decision_threshold=0.0)
+    assert objects.threshold == 0.0  # 0 and 1 are thresholds too (every scan present; only P = 1)
+
+
+@pytest.mark.parametrize(
+    ("task", "names", "expected"),
+    [
+        ("binary", ["lesion"], []),
+        (
+            "multiclass",
+            ["normal", "epidural", "subdural"],
+            [("epidural", "prob_epidural"), ("subdural", "prob_subdural")],
+        ),
+        ("multilabel", ["epidural", "any", "subdural"], [("epidural", "prob_epidural"), ("subdural", "prob_subdural")]),
+    ],
+)
+def test_the_report_names_haemorrhage_then_each_subtype_the_model_has(task, names, expected):
+    """P(lesion) first (1 - P(normal), the ``any`` label, or the binary output), then a multi-class model's classes
+    but the first and a multi-label model's labels but ``any``, each from its probability column."""
+    from vit_ct.predict.dicom_scan import findings_of
+
+    assert findings_of({"task": task, "class_names": names}) == [(None, "p_lesion"), *expected]

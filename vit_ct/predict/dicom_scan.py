@@ -1,6 +1,6 @@
 """``vit-ct predict --dicom_out true``: per scan of a predict output read from one DICOM series, the objects of
 :mod:`vit_ct.predict.dicom_objects` in the scan's study, written under ``OUT/dicom/<scan>/`` (``pm.dcm``,
-``seg.dcm``, ``sc/<k>.dcm``) and listed in ``OUT/dicom/objects.csv``.
+``seg.dcm``, ``sc/<k>.dcm``, ``sr.dcm``) and listed in ``OUT/dicom/objects.csv``.
 """
 
 from __future__ import annotations
@@ -24,21 +24,25 @@ from vit_ct.explain.map_reading import MapReading
 from vit_ct.explain.overlay import add_caption, render_overlay
 from vit_ct.explain.segmentation import half_max_region
 from vit_ct.files import atomic_write, inside, safe_name
-from vit_ct.metrics.lesion_probability import lesion_probability
+from vit_ct.metrics.lesion_probability import ANY, lesion_probability
 from vit_ct.metrics.schema import PREDICTIONS, RUN_JSON, SCANS
 from vit_ct.predict.dicom_objects import (
     NOT_FOR_DIAGNOSIS,
+    Finding,
     Provenance,
+    finding_code,
     parametric_map,
     secondary_captures,
     segmentation,
+    structured_report,
 )
 from vit_ct.predict.scan_writer import group_scan
 from vit_ct.task.reading import reading_of
 
 DICOM_FOLDER = "dicom"
 OBJECTS_CSV = "objects.csv"  # in OUT/dicom/: scan, kind, file, series and SOP instance UIDs; reason where not written
-KINDS = ("pm", "seg", "sc")  # Parametric Map, SEG, Secondary Captures
+KINDS = ("pm", "seg", "sc", "sr")  # Parametric Map, SEG, Secondary Captures, Structured Report
+THRESHOLD = 0.5  # --decision_threshold's default: the probability at or above which the SR calls a finding present
 PERSON_NAME_ADVICE = r'The string ".*" is unlikely to represent the intended person name'  # highdicom's warning
 
 
@@ -64,7 +68,12 @@ def _save(dataset, path: Path) -> Path:
 
 
 def write_dicom_objects(
-    output_dir: str | Path, provenance: Provenance, *, window=DISPLAY_WINDOW, shown_as: str | Path | None = None
+    output_dir: str | Path,
+    provenance: Provenance,
+    *,
+    window=DISPLAY_WINDOW,
+    shown_as: str | Path | None = None,
+    threshold: float = THRESHOLD,
 ) -> list[Path]:
     """Write the DICOM objects of every scan of a predict output ``OUT`` that is one DICOM series of single-frame
     slices; other scans (NIfTI, ``.npy``, mixed series, enhanced multi-frame files) are listed as skipped.
@@ -72,14 +81,18 @@ def write_dicom_objects(
     Per scan, under ``OUT/dicom/<scan>/``: ``pm.dcm``, the rollout as a float32 Parametric Map on the source grid;
     ``seg.dcm``, a BINARY SEG of each slice's half-maximum region over the head (as the Dice score reads it:
     :func:`vit_ct.explain.segmentation.half_max_region`); ``sc/<k>.dcm``, an RGB Secondary Capture of slice ``k``'s
-    overlay with P(lesion) and "NOT FOR DIAGNOSIS" burned in. The scan's P(lesion) and its peak slice's
-    InstanceNumber are in each series' SeriesDescription.
+    overlay with P(lesion) and "NOT FOR DIAGNOSIS" burned in; ``sr.dcm``, a Structured Report (TID 1500) of the scan's
+    finding: intracranial haemorrhage with the scan's P(lesion), ``threshold`` and the decision (present at or above
+    it), one more finding per subtype of a multi-class or multi-label model (its output's name, the scan's highest
+    probability of it), each with the slice it peaks on, and the SEG's segment and the Parametric Map by UID. The
+    scan's P(lesion) and its peak slice's InstanceNumber are in each series' SeriesDescription.
 
     Args:
         output_dir: ``OUT`` of ``vit-ct predict`` (``predictions.csv``, ``scans.csv``, ``run.json``, ``maps/``).
         provenance: The model and map method (:func:`model_provenance`).
         window: (centre, width) HU of the Secondary Captures' grey image.
         shown_as: ``OUT`` as messages name it (predict writes into a staging folder that becomes ``OUT``).
+        threshold: The probability at or above which the SR calls a finding present.
 
     A kind of object that cannot be made for a scan (highdicom refuses a Parametric Map and a SEG of sources without
     a FrameOfReferenceUID) is listed in ``objects.csv`` with its reason and said in one line; the scan's other
@@ -110,7 +123,8 @@ def write_dicom_objects(
             failed.append({"scan": scan_id, "kind": "all", "reason": "not one DICOM series of single-frame slices"})
             continue
         try:
-            objects = scan_objects(out, scan, rows, scans.loc[scan_id], provenance, window, read_options)
+            objects = scan_objects(out, scan, rows, scans.loc[scan_id], provenance, window, read_options,
+                                   findings_of(info), threshold)  # fmt: skip
         except Exception as err:  # a scan whose sources cannot be read as needed: the others are written all the same
             objects = {kind: err for kind in KINDS}
         for kind, made in objects.items():
@@ -139,11 +153,25 @@ def write_dicom_objects(
     return written
 
 
+def findings_of(info: dict) -> list[tuple[str | None, str]]:
+    """What the SR of a predict output (``run.json``'s ``info``) reports, as (name, column of its predictions):
+    intracranial haemorrhage from P(lesion) (name None), then each subtype a model has: a multi-label model's outputs
+    but ``any``, a multi-class model's classes but the first (no lesion), from their probability columns."""
+    task, names = info["task"], list(info["class_names"])
+    if task == "binary":
+        return [(None, "p_lesion")]
+    columns = dict(zip(names, PREDICTIONS.probs(task, names), strict=True))
+    subtypes = [n for n in names if n != ANY] if task == "multilabel" else names[1:]
+    return [(None, "p_lesion"), *((name, columns[name]) for name in subtypes)]
+
+
 def scan_objects(out: Path, scan, rows: pd.DataFrame, summary: pd.Series, provenance: Provenance, window,
-                 read_options: dict) -> dict[str, list | Exception]:  # fmt: skip
-    """The objects of one scan by kind (``pm``, ``seg``, ``sc``): each kind's datasets, or the exception that kept
-    it from being made (highdicom refuses, say, a Parametric Map of sources without a FrameOfReferenceUID, which a
-    Secondary Capture does not need), so that one kind's failure keeps none of the others from being written."""
+                 read_options: dict, findings: list[tuple[str | None, str]] = ((None, "p_lesion"),),
+                 threshold: float = THRESHOLD) -> dict[str, list | Exception]:  # fmt: skip
+    """The objects of one scan by kind (``pm``, ``seg``, ``sc``, ``sr``): each kind's datasets, or the exception that
+    kept it from being made (highdicom refuses, say, a Parametric Map of sources without a FrameOfReferenceUID, which
+    a Secondary Capture does not need), so that one kind's failure keeps none of the others from being written (the
+    SR, which references the Parametric Map and the SEG, needs both)."""
     rows = rows.set_index("path").loc[[str(Path(p).resolve()) for p in scan.images]]  # scan order
     sources = [pydicom.dcmread(p, stop_before_pixels=True) for p in scan.images]
     maps = np.stack([np.load(out / r) for r in rows[PREDICTIONS.rollout]]).astype(np.float32)
@@ -168,6 +196,17 @@ def scan_objects(out: Path, scan, rows: pd.DataFrame, summary: pd.Series, proven
             provenance,
             description=f"vit-ct overlays; {text}",
         ),
+        "sr": lambda: [
+            structured_report(
+                sources,
+                [Finding(finding_code(name), float(rows[column].max()), int(np.argmax(rows[column].to_numpy())))
+                 for name, column in findings],
+                threshold,
+                *evidence_for_report(objects),
+                provenance,
+                description=f"vit-ct finding; {text}",
+            )
+        ],
     }  # fmt: skip
     objects: dict[str, list | Exception] = {}
     for kind, make in makers.items():
@@ -182,19 +221,30 @@ def scan_objects(out: Path, scan, rows: pd.DataFrame, summary: pd.Series, proven
     return objects
 
 
+def evidence_for_report(objects: dict[str, list | Exception]) -> tuple:
+    """The Parametric Map and the SEG made for a scan, which its SR references; raises where either was not made."""
+    missing = {kind: made for kind, made in objects.items() if kind in ("pm", "seg") and isinstance(made, Exception)}
+    if missing:
+        raise ValueError(f"the SR references the Parametric Map and the SEG, and {' and '.join(missing)} could not be"
+                         f" made ({next(iter(missing.values()))})")  # fmt: skip
+    return objects["pm"][0], objects["seg"][0]
+
+
 class DicomObjectsWriter(Callback):
     """After :class:`vit_ct.predict.scan_writer.ScanResultsWriter` has written ``scans.csv``: the DICOM objects of
     :func:`write_dicom_objects`, in the folder the run's ``PredictionWriter`` writes into. Rank 0 only.
 
     Args:
         writer: The run's ``PredictionWriter``.
+        threshold: The probability at or above which the SR calls a finding present.
     """
 
-    def __init__(self, writer) -> None:
+    def __init__(self, writer, threshold: float = THRESHOLD) -> None:
         self.writer = writer
+        self.threshold = threshold
 
     def on_predict_epoch_end(self, trainer, pl_module) -> None:
         if trainer.is_global_zero:
             provenance = model_provenance(pl_module, reading_of(trainer))
             write_dicom_objects(self.writer.output_dir, provenance, window=self.writer.window,
-                                shown_as=self.writer.destination)  # fmt: skip
+                                shown_as=self.writer.destination, threshold=self.threshold)  # fmt: skip

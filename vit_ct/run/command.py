@@ -50,7 +50,8 @@ from vit_ct.run.wandb_runs import (
 from vit_ct.task.reading import ReadMaps
 from vit_ct.task.settings import nested
 
-# predict's writers, given by the command that builds the CLI: (output_dir, overwrite, inputs, dicom_out) -> callbacks
+# predict's writers, given by the command that builds the CLI: (output_dir, overwrite, inputs, dicom_out, *,
+# calibration, decision_threshold) -> callbacks
 PredictionWriters = Callable[[str, bool, list, bool], list[Callback]]
 
 
@@ -269,6 +270,7 @@ class VitCTCLI(LightningCLI):
             inputs,
             bool(config.get("dicom_out")),
             calibration=config.get("calibration"),
+            decision_threshold=config.get("decision_threshold"),
         )
         self._check_data("predict")
         # predict writes no checkpoints (without the callback, restoring its state cannot warn about its folder),

@@ -17,6 +17,7 @@ OWN_OPTIONS = {
     "output_dir": "predict",
     "overwrite": "predict",
     "dicom_out": "predict",
+    "decision_threshold": "predict",
     "calibration": "predict",
 }
 HELP = {
@@ -26,7 +27,11 @@ HELP = {
     " empty is refused unless --overwrite true.",
     "overwrite": "Replace a non-empty --output_dir: no file of its old outputs is kept.",
     "dicom_out": "Also write, per scan read from a DICOM series, a Parametric Map of the rollout, a SEG of its"
-    " half-maximum region and Secondary Captures of the overlays in the scan's study, under OUT/dicom/<scan>/.",
+    " half-maximum region, Secondary Captures of the overlays and a Structured Report (TID 1500) of the finding in the"
+    " scan's study, under OUT/dicom/<scan>/.",
+    "decision_threshold": "With --dicom_out: the scan's probability at or above which the Structured Report calls"
+    " intracranial haemorrhage (and each subtype) present, between 0 and 1 (default 0.5); e.g. a threshold_at_spec*"
+    " of the report.json that vit-ct report wrote on validation scans.",
     "map_shifts": "Read the rollout on a grid this many times finer than the patches, from map_shifts**2 passes over"
     " the slice shifted by patch_size / map_shifts pixels (their mean probability: prob_tta); 1: one pass. Default:"
     " 1 for fit and validate, 2 for test and predict.",
@@ -54,6 +59,7 @@ def add_own_options(parser: LightningArgumentParser, subcommand: str | None) -> 
         parser.add_argument("--output_dir", type=str | None, default=None, help=shown("output_dir"))
     parser.add_argument("--overwrite", type=bool, default=False, help=shown("overwrite"))
     parser.add_argument("--dicom_out", type=bool, default=False, help=shown("dicom_out"))
+    parser.add_argument("--decision_threshold", type=float | None, default=None, help=shown("decision_threshold"))
     parser.add_argument("--calibration", type=str | None, default=None, help=shown("calibration"))
     parser.add_argument("--map_shifts", type=int | None, default=None, help=HELP["map_shifts"])
     parser.add_argument("--map_pixels", type=bool, default=False, help=HELP["map_pixels"])
