@@ -57,7 +57,8 @@ def test_a_fit_with_context_records_it_and_predict_follows_it(with_context, synt
     objects = pd.read_csv(tmp_path / "out" / "dicom" / "objects.csv", dtype={"scan": str})
     for scan_id, rows in predictions.groupby("scan"):
         listed = objects[objects["scan"] == scan_id]
-        assert sorted(listed["kind"].unique()) == ["pm", "sc", "seg"] and (listed["kind"] == "sc").sum() == len(rows)
+        assert sorted(listed["kind"].unique()) == ["pm", "sc", "seg", "sr"]
+        assert (listed["kind"] == "sc").sum() == len(rows)
         pm = pydicom.dcmread(tmp_path / "out" / listed.loc[listed["kind"] == "pm", "file"].item())
         sources = {pydicom.dcmread(synthetic_set.parent / image).SOPInstanceUID for image in rows["image"]}
         assert (

@@ -104,11 +104,12 @@ def test_the_readme_own_data_path_on_a_messy_export(tmp_path, synthetic_set):
         if scan == cq500:
             refused = listed[listed["file"] == ""]
             assert (
-                sorted(refused["kind"]) == ["pm", "seg"] and refused["reason"].str.contains("Frame Of Reference").all()
+                sorted(refused["kind"]) == ["pm", "seg", "sr"]
+                and refused["reason"].str.contains("Frame Of Reference").all()
             )
         else:
-            assert {"pm", "seg"} <= set(made["kind"]) and (listed["reason"] == "").all()
-    assert "2 object(s) of 1 scan(s) could not be written" in scans and "objects.csv" in scans
+            assert {"pm", "seg", "sr"} <= set(made["kind"]) and (listed["reason"] == "").all()
+    assert "3 object(s) of 1 scan(s) could not be written" in scans and "objects.csv" in scans
     assert "DICOMDIR" in (tmp_path / "scans_out" / "skipped.csv").read_text()
 
     # the headless review the README names, on the user's checkpoint, manifest and predict output: says what it read
