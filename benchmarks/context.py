@@ -1,5 +1,6 @@
 """Does reading a slice with its neighbours help? The README's fine-tuning recipe side by side with and without
-``data.context_mm``, on whole simulated scans where a bleed spans the slices it reaches.
+``data.context_mm`` (the neighbours' kernels starting at zero, or inflated: the slice's kernels spread over the three
+slices), on whole simulated scans where a bleed spans the slices it reaches.
 
 One run writes a scan set that no training has seen (``python -m vit_ct.sim.pretraining --scan_spacing_mm``: the
 scanner-randomised cohort, its own seed, contiguous slices, each bleed a 3-D object), blanks the masks of its train and
@@ -12,6 +13,7 @@ convolution's kernels on them over those on the slice); and what each costs (fit
 machine).
 
     python -m benchmarks.context --patients 100 --slices 12
+    python -m benchmarks.context --rows alone inflated    # some rows only
 """
 
 from __future__ import annotations
@@ -32,7 +34,13 @@ from vit_ct.sim.pretraining import write_pretraining_set
 
 FINETUNE = str(ROOT / "configs" / "finetune.yaml")
 SEED = 20_261_207  # a seed family no training of the project draws from
-ROWS = {"alone": [], "context 5 mm": ["--data.init_args.context_mm", "5"]}
+CONTEXT = ["--data.init_args.context_mm", "5"]
+# name -> (the table's row, the fit's extra arguments); the name is the run's folder and the figures' suffix
+ROWS = {
+    "alone": ("alone", []),
+    "context": ("context 5 mm", CONTEXT),
+    "inflated": ("context 5 mm, inflated start", [*CONTEXT, "--model.network.neighbour_start", "inflated"]),
+}
 
 
 def scan_set(folder: Path, patients: int, slices: int, spacing_mm: float, workers: int) -> Path:
@@ -49,8 +57,8 @@ def scan_set(folder: Path, patients: int, slices: int, spacing_mm: float, worker
 
 
 def run_row(name: str, extra: list[str], manifest: Path, folder: Path, epochs: int) -> dict:
-    """Fit and predict one row; its scores on the test patients."""
-    run = folder / name.replace(" ", "_")
+    """Fit and predict one row (:data:`ROWS`); its scores on the test patients."""
+    run = folder / name
     fit_s = timed_vit_ct("fit", "--config", FINETUNE, "--data.manifest", str(manifest), *extra,
                          "--trainer.max_epochs", str(epochs), "--trainer.logger", "false",
                          "--trainer.enable_progress_bar", "false", "--test_after_fit", "false",
@@ -66,7 +74,8 @@ def run_row(name: str, extra: list[str], manifest: Path, folder: Path, epochs: i
     auroc, low, high = patient_bootstrap_auroc(slices["label"], slices["prob"], slices["scan"])
     positive = slices[(slices["label"] == 1) & slices["rollout_pointing"].notna()]
     return {
-        "row": name,
+        "name": name,
+        "row": ROWS[name][0],
         "auroc": auroc,
         "low": low,
         "high": high,
@@ -104,10 +113,12 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> Path:
     parser.add_argument("--epochs", type=int, default=20, help="fine-tuning epochs (default 20, the recipe's)")
     parser.add_argument("--folder", type=Path, default=Path("/tmp/vit-ct-context"), help="where the runs go")
     parser.add_argument("--num_workers", type=int, default=2, help="processes writing the scan set")
+    parser.add_argument("--rows", nargs="+", choices=list(ROWS), default=list(ROWS),
+                        help="the rows to run, the first the baseline of the time ratios (default: all)")  # fmt: skip
     args = parser.parse_args(argv)
     git, start = git_state(), time.perf_counter()
     manifest = scan_set(args.folder, args.patients, args.slices, args.spacing_mm, args.num_workers)
-    results = [run_row(name, extra, manifest, args.folder, args.epochs) for name, extra in ROWS.items()]
+    results = [run_row(name, ROWS[name][1], manifest, args.folder, args.epochs) for name in args.rows]
     base = results[0]
     rows = [
         [r["row"], r["auroc"], f"{r['low']:.3f}-{r['high']:.3f}", r["scan_auroc"], r["pointing"], r["dice"],
@@ -115,9 +126,9 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> Path:
         for r in results
     ]  # fmt: skip
     columns = ["input", "slice AUROC", "95% CI (patients)", "scan AUROC", "pointing", "Dice at half max",
-               "neighbour kernels / own", "fit time vs alone", "predict time vs alone"]  # fmt: skip
+               "neighbour kernels / own", f"fit time vs {base['row']}", f"predict time vs {base['row']}"]  # fmt: skip
     formats = [None, ".3f", None, ".3f", ".2f", ".2f", ".3f", "{:.2f}x", "{:.2f}x"]
-    figures = {f"{key}_{r['row'].split()[0]}": r[key] for r in results for key in ("auroc", "scan_auroc", "dice")}
+    figures = {f"{key}_{r['name']}": r[key] for r in results for key in ("auroc", "scan_auroc", "dice")}
     notes = {
         "set": f"{args.patients} simulated scans x {args.slices} slices {args.spacing_mm:g} mm apart (seed {SEED}),"
         " split by patient 70/15/15; train and validation rows without masks",

@@ -14,6 +14,7 @@ from npy_manifest import manifest_args, write_npy_manifest
 from timm.models import adapt_input_conv
 
 from vit_ct.cli import main
+from vit_ct.model.weights import read_as_centre
 from vit_ct.task import ViTClassifier
 
 TINY = {**DEMO_LEVERS, "img_size": 32, "in_chans": 1, "embed_dim": 32, "depth": 2, "num_heads": 2}
@@ -133,3 +134,36 @@ def test_a_tiny_model_with_context_ignores_its_neighbours_at_the_start_and_keeps
     image = torch.rand(3, 6, 32, 32)
     with torch.no_grad():  # whatever the neighbours hold
         torch.testing.assert_close(model(image), alone(image[:, :2]), rtol=1e-5, atol=1e-5)
+
+
+def test_an_inflated_start_reads_a_scan_constant_along_its_axis_as_the_weights_read_its_slice(tmp_path):
+    """``neighbour_start: inflated``: the slice's kernels a third on each of the three slices read (I3D's inflation),
+    so the same slice three times gives the weights' own logits, and a slice whose neighbours differ does not."""
+    torch.manual_seed(0)
+    alone = ViTClassifier.from_hparams(**{**TINY, "in_chans": 2, "mask_air": False}).eval()
+    path = tmp_path / "alone.pth"
+    torch.save(alone.vit.state_dict(), path)
+    settings = {**TINY, "in_chans": 6, "mask_air": False, "context_mm": 2.5, "neighbour_start": "inflated"}
+    with pytest.warns(UserWarning, match="fresh initialisation"):
+        model = ViTClassifier.from_hparams(**settings, weights=str(path)).eval()
+    own = alone.vit.patch_embed.proj[0].weight
+    kernels = model.vit.patch_embed.proj[0].weight
+    for k in range(3):
+        torch.testing.assert_close(kernels[:, 2 * k : 2 * k + 2], own / 3)
+    assert model.hparams.neighbour_start == "inflated"
+    image = torch.rand(3, 2, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model(image.repeat(1, 3, 1, 1)), alone(image), rtol=1e-5, atol=1e-5)
+        darker = torch.cat([image, image / 4, image / 4], dim=1)  # the neighbours hold less: read as less
+        difference = model(darker) - alone(image)
+        torch.testing.assert_close(model(darker), alone(image / 2), rtol=1e-5, atol=1e-5)  # (1 + 1/4 + 1/4) / 3
+        assert difference.abs().max() > 1e-4
+
+
+@pytest.mark.parametrize(("neighbours", "expected"), [("zeros", [1, 0, 0]), ("inflated", [1 / 3] * 3)])
+def test_read_as_centre_spreads_or_zeroes_the_new_neighbours_and_drops_them_when_reading_fewer(neighbours, expected):
+    kernel = torch.ones(4, 2, 3, 3)
+    wider = read_as_centre(kernel, 2, 6, neighbours=neighbours)
+    assert [float(wider[:, 2 * k : 2 * k + 2].mean()) for k in range(3)] == pytest.approx(expected)
+    narrower = read_as_centre(torch.cat([kernel, 5 * kernel, 7 * kernel], dim=1), 2, 2, neighbours=neighbours)
+    torch.testing.assert_close(narrower, kernel)  # back to one slice: its own kernels, whatever the start rule

@@ -109,3 +109,16 @@ def test_a_fine_tune_adds_context_to_a_checkpoint_of_single_slices(synthetic_set
     kernels = cli.model.vit.patch_embed.proj[0].weight.detach()
     torch.testing.assert_close(kernels[:, :2], start)
     assert not kernels[:, 2:].any()
+
+    caplog.clear()  # the other start rule, as a config says it
+    with caplog.at_level(logging.INFO):
+        cli = main(["fit", "--config", DEMO, *tiny_data_args(synthetic_set), *QUIET, "--trainer.max_epochs", "0",
+                    "--model.weights", str(alone), "--data.init_args.context_mm", "20",
+                    "--model.network.neighbour_start", "inflated",
+                    "--trainer.default_root_dir", str(tmp_path / "inflated")])  # fmt: skip
+    said = [r.getMessage() for r in caplog.records]
+    assert any(line.endswith("the model starts with their kernels spread over the slice and its neighbours, a third"
+                             " on each (neighbour_start: inflated)") for line in said), said  # fmt: skip
+    kernels = cli.model.vit.patch_embed.proj[0].weight.detach()
+    for k in range(3):
+        torch.testing.assert_close(kernels[:, 2 * k : 2 * k + 2], start / 3)

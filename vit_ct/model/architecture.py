@@ -23,8 +23,13 @@ class Network:
         context_mm: The network reads each slice with its neighbours this far below and above (linked to
             ``data.context_mm`` in the CLI): the slice's own windows, then the slice below's, then the one above's.
             Start weights that read single slices read the slice itself: their first convolution's kernels on its
-            channels, zeros on the neighbours' (and the other way round, a context start's own-slice kernels).
-            None: each slice alone, or the start weights' own context.
+            channels, the neighbours' as ``neighbour_start`` says (and the other way round, a context start's
+            own-slice kernels). None: each slice alone, or the start weights' own context.
+        neighbour_start: How the first convolution of a network with context starts on the neighbours' channels
+            when its start weights read single slices: ``zeros`` (the network starts as the weights read the slice
+            alone, and learns the neighbours), or ``inflated`` (the slice's kernels spread over the slice and its
+            neighbours, each a third, as I3D inflates 2-D kernels: a scan that does not change along its axis is read
+            as the weights read its slice, and every slice read uses the neighbours from the first step).
         stem: ``patch``: timm's linear patch embedding; ``conv``: a convolutional stem with the same token grid,
             which trains much better from scratch on small data (arXiv:2106.14881). None: the stem the start weights
             (``weights``, ``pretrained``) hold, so that they load whole; ``conv`` without start weights.
@@ -46,6 +51,7 @@ class Network:
     patch_size: int = 16
     in_chans: int | None = None
     context_mm: float | None = None
+    neighbour_start: Literal["zeros", "inflated"] = "zeros"
     stem: Literal["patch", "conv"] | None = None
     embed_dim: int | None = None
     depth: int | None = None

@@ -88,6 +88,7 @@ def load_start(
     *,
     own_architecture: bool,
     slices: tuple[int, int] = (1, 1),
+    neighbours: Literal["zeros", "inflated"] = "zeros",
 ) -> list[str]:
     """Load the start weights into ``model`` (its timm network ``model.vit``) as :func:`load_state` does; first, where
     the network took the weights' ``own_architecture`` (:func:`start_architecture`), warn about the architecture
@@ -96,7 +97,7 @@ def load_start(
     if own_architecture:
         named = f"--model.pretrained {start.tag}" if start.tag is not None else start.source
         warn_overruled_architecture(named, given, built_architecture(model.vit, model.hparams))
-    return load_state(model, start.state, vit=model.vit, source=start.source, slices=slices)
+    return load_state(model, start.state, vit=model.vit, source=start.source, slices=slices, neighbours=neighbours)
 
 
 def choose_stem(stem: Literal["patch", "conv"] | None, start: StartWeights | None) -> Literal["patch", "conv"]:
@@ -114,11 +115,15 @@ def choose_stem(stem: Literal["patch", "conv"] | None, start: StartWeights | Non
 
 
 def adapt_state_dict(
-    state: dict[str, torch.Tensor], model: VisionTransformer, *, slices: tuple[int, int] = (1, 1)
+    state: dict[str, torch.Tensor],
+    model: VisionTransformer,
+    *,
+    slices: tuple[int, int] = (1, 1),
+    neighbours: Literal["zeros", "inflated"] = "zeros",
 ) -> dict[str, torch.Tensor]:
     """Reshape a ViT state dict to ``model``: input channels (of a linear patch embedding or a conv stem),
     position-embedding grid, head size. ``slices``: the slices the weights and the model read for one (1, or 3 with
-    context; :func:`read_as_centre`)."""
+    context), ``neighbours`` how new neighbours start (:func:`read_as_centre`)."""
     target = model.state_dict()
     state = dict(state)
     if any(k.startswith("patch_embed.") for k in state) and set(stem_keys(state)) != set(stem_keys(target)):
@@ -131,7 +136,7 @@ def adapt_state_dict(
     if conv in state and state[conv].shape[1] != target[conv].shape[1]:
         if slices[0] != slices[1] and per_slice is not None and per_slice == _per_slice(target[conv], slices[1]):
             # the same windows read for another number of slices: the slice's own kernels carry over
-            state[conv] = read_as_centre(state[conv], per_slice, target[conv].shape[1])
+            state[conv] = read_as_centre(state[conv], per_slice, target[conv].shape[1], neighbours=neighbours)
         else:  # timm's rule, from any number of channels: -> 1 sums the kernels; -> N repeats them, scaled
             state[conv] = adapt_input_conv(target[conv].shape[1], state[conv], base_chans=state[conv].shape[1])
     if "pos_embed" in state and "pos_embed" in target and state["pos_embed"].shape != target["pos_embed"].shape:
@@ -246,13 +251,21 @@ def _per_slice(kernel: torch.Tensor, slices: int) -> int | None:
     return channels // slices if channels % slices == 0 else None
 
 
-def read_as_centre(kernel: torch.Tensor, per_slice: int, channels: int) -> torch.Tensor:
+def read_as_centre(
+    kernel: torch.Tensor, per_slice: int, channels: int, *, neighbours: Literal["zeros", "inflated"] = "zeros"
+) -> torch.Tensor:
     """A first convolution's kernels ``(out, C_in, k, k)`` for ``channels`` inputs that hold the same ``per_slice``
-    windows for another number of slices, the slice's own channels first (:mod:`vit_ct.data.transforms.contract`):
-    the slice's own kernels as they are; zeros for neighbours the weights never saw, so that the network starts as
-    the weights read the slice; a neighbour's kernels dropped where the model reads fewer slices."""
+    windows for another number of slices, the slice's own channels first (:mod:`vit_ct.data.transforms.contract`).
+    To more slices: ``zeros``: the slice's own kernels as they are, zeros for the neighbours the weights never saw,
+    so that the network starts as the weights read the slice; ``inflated``: the slice's own kernels divided among
+    every slice read (I3D's inflation along the scan axis), so that a scan constant along its axis is read as the
+    weights read its slice. To fewer slices: the slice's own kernels, the neighbours' dropped."""
     out = kernel.new_zeros((kernel.shape[0], channels, *kernel.shape[2:]))
-    out[:, :per_slice] = kernel[:, :per_slice]
+    own = kernel[:, :per_slice]
+    if neighbours == "inflated" and channels > kernel.shape[1]:
+        slices = channels // per_slice
+        return (own / slices).repeat(1, slices, 1, 1)
+    out[:, :per_slice] = own
     return out
 
 
@@ -263,6 +276,7 @@ def load_state(
     vit: VisionTransformer,
     source: str,
     slices: tuple[int, int] = (1, 1),
+    neighbours: Literal["zeros", "inflated"] = "zeros",
 ) -> list[str]:
     """Copy a ViT state dict into ``model`` (whose timm network is ``vit``), adapted to it (:func:`adapt_state_dict`);
     returns the keys left at their fresh initialisation, and names them in one warning. ``source`` names the weights
@@ -271,7 +285,7 @@ def load_state(
     error = misfit_error(state, vit, source)  # before adapting: timm's helpers fail on tensors of another network
     if error is not None:
         raise error
-    state = adapt_state_dict(state, vit, slices=slices)
+    state = adapt_state_dict(state, vit, slices=slices, neighbours=neighbours)
     # Heads that live beside the timm network (e.g. the patch head) keep their own prefix.
     target = model.state_dict()
     vit_prefix = next(name for name, module in model.named_modules() if module is vit)

@@ -70,7 +70,7 @@ def follow_checkpoint(config: Namespace, *, command_line: Sequence[str] = ()) ->
             shown = f"{own}, {hparams.get('arch')}'s own" if own is not None else repr(value)
             lines.append(f"network follows the {source}: model.network.{name}: {shown} (the network of the weights"
                          f" {path}; the config said {said!r})")  # fmt: skip
-    lines += _follow_context(data, found)
+    lines += _follow_context(data, found, config.model.network.get("neighbour_start") or "zeros")
     for name, value in contract.data_arguments().items():
         if name == "context_mm" or name not in data or _same(name, data[name], value):
             continue
@@ -96,7 +96,7 @@ def follow_checkpoint(config: Namespace, *, command_line: Sequence[str] = ()) ->
     return lines
 
 
-def _follow_context(data: Namespace, found: WeightsInput) -> list[str]:
+def _follow_context(data: Namespace, found: WeightsInput, neighbour_start: str = "zeros") -> list[str]:
     """The context of a command's data: a checkpoint's own (it reads slices as it was trained); with start weights,
     the data's as configured (a fine-tune may add neighbours to weights of single slices, or read a context start's
     slices alone), said in one line where it differs from theirs."""
@@ -110,7 +110,9 @@ def _follow_context(data: Namespace, found: WeightsInput) -> list[str]:
         return [f"input follows the {found.source}: data.context_mm: {theirs!r} (as {found.path} was trained; the"
                 f" config said {given!r})"]  # fmt: skip
     if theirs is None:
-        kept = "their kernels on the slice's own channels, zeros on the neighbours'"
+        kept = ("their kernels on the slice's own channels, zeros on the neighbours'" if neighbour_start == "zeros"
+                else "their kernels spread over the slice and its neighbours, a third on each (neighbour_start:"
+                " inflated)")  # fmt: skip
     elif given is None:
         kept = "their kernels on the slice's own channels; those on the neighbours' are dropped"
     else:

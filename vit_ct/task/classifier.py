@@ -119,7 +119,8 @@ class ViTClassifier(SeesAsCheckpointed):
             defaults = flat_hparams()
             given = {name: value for name, value in arguments.items() if value != defaults[name]}
             slices = (seen.contract.slices if seen is not None else 1, contract.slices)
-            load_start(self, start, given, own_architecture=bool(own), slices=slices)
+            load_start(self, start, given, own_architecture=bool(own), slices=slices,
+                       neighbours=network.neighbour_start)  # fmt: skip
         anchored = losses.anchor_loss_weight > 0 and start is not None
         self.anchor = StartAnchor(self.vit if anchored else None)  # the start network, frozen, on each build
 
