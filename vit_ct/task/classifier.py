@@ -26,6 +26,7 @@ from vit_ct.metrics.map_scores import MapMetrics
 from vit_ct.model.architecture import Network
 from vit_ct.model.hparams import check_hparams, predated_hparams, unstored_hparams
 from vit_ct.model.network import AirSkippingViT
+from vit_ct.model.sequence import ScanSequence, head_inputs
 from vit_ct.model.stem import ConvStemPatchEmbed, NeighbourKernels, split_neighbour_kernels
 from vit_ct.model.weights import choose_stem, load_start, read_start, start_architecture
 from vit_ct.model.weights_input import model_input, read_lightning_checkpoint, weights_input
@@ -36,6 +37,7 @@ from vit_ct.task.losses import Losses, PatchLosses, classification_loss
 from vit_ct.task.optim import param_groups, warmup_cosine_schedule
 from vit_ct.task.reading import explained_pass, read_maps, reading_of
 from vit_ct.task.scan_bags import ScanBags
+from vit_ct.task.scan_reading import EmbeddingMemory, EvaluatedRows, log_in_scan, training_in_scan
 from vit_ct.task.settings import GuidingLosses, Labels, Maps, Optimisation, flat_hparams, group_of, grouped
 
 STAGES = ("val", "test")
@@ -178,6 +180,8 @@ class ViTClassifier(SeesAsCheckpointed):
             split_neighbour_kernels(self.vit.patch_embed, per_slice=contract.in_chans // contract.slices)
         needs_head = h.patch_loss_weight > 0 or h.mil_loss_weight > 0 or h.evidence_attention
         self.patch_head = nn.Linear(self.vit.embed_dim, 1) if needs_head else None
+        # each slice read in its scan too: a sequence over the slices' embeddings (vit_ct.model.sequence)
+        self.sequence = ScanSequence(self.vit.embed_dim, h.num_classes) if h.get("sequence") else None
         if h.grad_checkpointing:
             self.vit.set_grad_checkpointing(True)
 
@@ -194,6 +198,8 @@ class ViTClassifier(SeesAsCheckpointed):
         )  # fmt: skip
         self.scan_bags = ScanBags(self.task, h.patch_size, self.num_prefix, sharpness=h.mil_sharpness,
                                   mil_weight=h.mil_loss_weight if self.patch_head is not None else 0.0)  # fmt: skip
+        self.embedding_memory = EmbeddingMemory()  # the training slices' latest embeddings, for their scans' sequences
+        self.evaluated = {stage: EvaluatedRows() for stage in STAGES}  # each stage's slices, read in scan at its end
         self.label_smoothing = float(h.label_smoothing)
         weights = h.class_weights
         self.register_buffer("class_weights", torch.tensor(weights, dtype=torch.float32) if weights else None)
@@ -214,6 +220,11 @@ class ViTClassifier(SeesAsCheckpointed):
             {stage: MapMetrics(len(self.vit.blocks), tolerance_mm=h.localisation_tolerance_mm, stage=stage)
              for stage in STAGES}
         )  # fmt: skip
+        if self.sequence is not None:  # the same figures, of each slice read in its scan
+            self.in_scan_metrics = nn.ModuleDict(
+                {stage: classification_metrics(self.task, h.num_classes, f"{stage}/", class_names=h.class_names,
+                                               label_weights=h.label_weights) for stage in STAGES}
+            )  # fmt: skip
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         """A checkpoint decides how its weights see the input and how they were trained: its input contract (input
@@ -276,15 +287,23 @@ class ViTClassifier(SeesAsCheckpointed):
                 tokens = self.vit.forward_features(image, checkpoint_blocks=False)  # (B, T, D)
         else:
             attentions, tokens = None, self.vit.forward_features(image)
-        logits = self.vit.forward_head(tokens).float()
+        embeddings = self.vit.forward_head(tokens, pre_logits=True)
+        logits = self.vit.head(embeddings).float()
         cls = classification_loss(
             logits, label, self.task, class_weights=self.class_weights, label_smoothing=self.label_smoothing
         )
         patch_logits = None if self.patch_head is None else self.patch_head(tokens[:, self.num_prefix :]).squeeze(-1)
         terms = [("cls_loss", 1.0, cls), *self.patch_losses(batch, patch_logits, attentions, held)]
+        ddp = self.training and self._trainer is not None and self._trainer.world_size > 1
+        read = logits  # what the scan's bag pools: the slices alone, or in their scan
+        if self.sequence is not None and self.training and "volume" in batch:  # (evaluation: whole scans, at the end)
+            read = training_in_scan(self.sequence, self.embedding_memory, batch, embeddings, logits,
+                                    gather=ddp and self.all_gather)  # fmt: skip
+            in_scan = classification_loss(read, label, self.task, class_weights=self.class_weights,
+                                          label_smoothing=self.label_smoothing)  # fmt: skip
+            terms.append(("in_scan_loss", 1.0, in_scan))
         if "scan_label" in batch:  # scan labels: the scan is the bag (vit_ct.task.scan_bags)
-            ddp = self.training and self._trainer is not None and self._trainer.world_size > 1
-            terms += self.scan_bags(batch, logits, patch_logits, remember=self.training, gather=ddp and self.all_gather)
+            terms += self.scan_bags(batch, read, patch_logits, remember=self.training, gather=ddp and self.all_gather)
         loss, parts = logits.sum() * 0.0, {}  # in the graph even where a batch scores nothing
         for name, weight, part in terms:
             if part is not None:
@@ -295,6 +314,7 @@ class ViTClassifier(SeesAsCheckpointed):
     def on_fit_start(self) -> None:
         self.anchor.check(self.patch_losses.anchor_weight)
         self.scan_bags.memory.reset()  # rows of another fit's training split are not this one's
+        self.embedding_memory.reset()
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         loss, _, parts = self.losses(batch)
@@ -310,11 +330,19 @@ class ViTClassifier(SeesAsCheckpointed):
     def test_step(self, batch: dict, batch_idx: int) -> dict[str, torch.Tensor] | None:
         return self._evaluate(batch, "test")
 
+    def on_validation_epoch_start(self) -> None:
+        self.evaluated["val"].reset()
+
+    def on_test_epoch_start(self) -> None:
+        self.evaluated["test"].reset()
+
     def on_validation_epoch_end(self) -> None:
         self.log_dict({f"val/{name}": value for name, value in self.map_metrics["val"].compute_and_reset().items()})
+        log_in_scan(self, "val")
 
     def on_test_epoch_end(self) -> None:
         self.log_dict({f"test/{name}": value for name, value in self.map_metrics["test"].compute_and_reset().items()})
+        log_in_scan(self, "test")
 
     def _evaluate(self, batch: dict, stage: str) -> dict[str, torch.Tensor] | None:
         keep = batch.get("valid")  # False on samples a distributed sampler repeated to even out the ranks
@@ -324,10 +352,13 @@ class ViTClassifier(SeesAsCheckpointed):
         if not len(label):  # a batch of DDP padding only (possible when a split has fewer slices than ranks)
             return None
         image = batch["image"]  # one pass for the losses, the metrics and the map (and the command's shifted grids)
-        first = explained_pass(self, lambda: self.losses(batch), image.shape)
+        with head_inputs(self.vit.head) as embeddings:
+            first = explained_pass(self, lambda: self.losses(batch), image.shape)
         explained = self.explained(image, first=first, reading=reading_of(self._trainer))
         loss, logits, _ = explained.output
         probs = self.probabilities(logits)
+        if self.sequence is not None and "volume" in batch:  # read in their scans at the epoch's end
+            self.evaluated[stage].add(batch, embeddings[0], logits)
         self.metrics[stage].update(probs, label)  # labels -1 (a slice of a scan with a lesion) left out
         self.log(f"{stage}/loss", loss, prog_bar=stage == "val", sync_dist=True, batch_size=len(label))
         self.log_dict(self.metrics[stage], prog_bar=stage == "val")
@@ -357,5 +388,6 @@ class ViTClassifier(SeesAsCheckpointed):
         first = self.vit.patch_embed.proj
         first = first[0] if isinstance(first, nn.Sequential) else first
         fresh = [first.neighbours] if isinstance(first, NeighbourKernels) else []
+        heads = nn.ModuleList([head for head in (self.patch_head, self.sequence) if head is not None])
         return param_groups(self.vit, lr=h.lr, weight_decay=h.weight_decay, layer_decay=h.layer_decay,
-                            extra=self.patch_head, peak_rate=fresh)  # fmt: skip
+                            extra=heads if len(heads) else None, peak_rate=fresh)  # fmt: skip

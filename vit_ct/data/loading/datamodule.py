@@ -38,7 +38,6 @@ from vit_ct.data.manifests.manifest import (
     validate_manifest_files,
     write_bad_files,
 )
-from vit_ct.data.manifests.neighbours import table_neighbours
 from vit_ct.data.manifests.splits import SPLIT_FRACTIONS
 from vit_ct.data.transforms.contract import DEFAULT_IMG_SIZE, DEFAULT_WINDOWS, InputContract
 from vit_ct.data.transforms.model_input import HEAD_HU, model_grid_spacing
@@ -302,9 +301,7 @@ class CTSliceDataModule(SliceDataModule):
             table = self.split_table(split)
             if table.empty:
                 raise ValueError(f"manifest {self.manifest} has no rows in split {key!r}")
-            found = None if self.context_mm is None else table_neighbours(table.reset_index(drop=True), self.context_mm)
-            if found is not None:
-                rank_zero_info(found.describe(f"{self.manifest or 'data.scans'} ({key})"))
+            places, neighbours = self.scan_places(table, f"{self.manifest or 'data.scans'} ({key})")
             self.datasets[key] = CTSliceDataset(
                 table,
                 windows=self.windows,
@@ -314,7 +311,8 @@ class CTSliceDataModule(SliceDataModule):
                 read_options=self.read_options,
                 store=self.slice_cache,
                 hu_items=self.scanner_augment and split == "train",  # windowed after the augmentation in HU
-                neighbours=None if found is None else found.rows,
+                neighbours=neighbours,
+                places=places,
             )
             indices, ranks = None, self._ranks()
             if split != "train" and ranks.get("num_replicas", 1) > 1:
@@ -325,8 +323,9 @@ class CTSliceDataModule(SliceDataModule):
         return self.datasets[key]
 
     def setup(self, stage: str) -> None:
-        model = self.trainer.lightning_module if self.trainer is not None else None
-        self.check(stage, num_classes=getattr(model, "hparams", {}).get("num_classes"))
+        hparams = getattr(self.trainer.lightning_module, "hparams", {}) if self.trainer is not None else {}
+        self.read_volumes |= bool(hparams.get("sequence"))  # a sequence head reads each slice in its scan
+        self.check(stage, num_classes=hparams.get("num_classes"))
         if self.trainer is None:
             self.report_bad_rows(self.manifest_path().resolve().parent)
         if stage == "fit":

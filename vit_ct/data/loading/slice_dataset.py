@@ -30,7 +30,16 @@ class ScanKeys(TypedDict, total=False):
     scan: torch.Tensor  # (B,) int64: the slice's scan, numbered within its split
 
 
-class CTBatch(ScanKeys):
+class VolumeKeys(TypedDict, total=False):
+    """The keys of a batch only where the model reads slices in their scan (a sequence head): each slice's volume
+    (one series or NIfTI volume of a patient, :func:`~vit_ct.data.manifests.neighbours.slice_places`) and its place
+    along it."""
+
+    volume: torch.Tensor  # (B,) int64: the slice's volume, numbered within its split; -1 where unknown
+    position_mm: torch.Tensor  # (B,) float32: the slice's position along the slice normal, mm; NaN where unknown
+
+
+class CTBatch(ScanKeys, VolumeKeys):
     """One batch. ``B`` slices, ``C`` windows, ``S`` = ``img_size``.
 
     With the disk cache (``cache: disk``) the loaders' batches carry ``hu`` ``(B, 1, S, S)`` float16 on the model grid
@@ -111,6 +120,9 @@ class CTSliceDataset(Dataset):
             (:class:`~vit_ct.data.manifests.neighbours.Neighbours`), as further channels after the row's own (``hu``
             ``(3, S, S)``, ``image`` 3 x the windows); None: each row alone. Mask, head, label and the rest are the
             row's own; the neighbours come from wherever the row comes from (files, memory, disk cache).
+        places: Each row's volume ``(N,)`` int (-1: unknown) and position ``(N,)`` mm (NaN: unknown), as
+            :func:`~vit_ct.data.manifests.neighbours.slice_places` finds them: batches carry them (``volume``,
+            ``position_mm``) for a model that reads each slice in its scan. None: they do not.
     """
 
     def __init__(
@@ -125,6 +137,7 @@ class CTSliceDataset(Dataset):
         store: SliceCache | None = None,
         hu_items: bool = False,
         neighbours: np.ndarray | None = None,
+        places: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> None:
         self.table = table.reset_index(drop=True)
         if neighbours is not None and neighbours.shape != (len(self.table), 2):
@@ -139,6 +152,12 @@ class CTSliceDataset(Dataset):
         # scan labels (multiple-instance learning, vit_ct.data.manifests.scan_labels): each row's scan label and number
         self.scan_labels = scan_labels_tensor(self.table)
         self.scans = None if self.scan_labels is None else torch.from_numpy(scan_ids(self.table))
+        self.volumes = self.positions = None
+        if places is not None:
+            if any(len(column) != len(self.table) for column in places):
+                raise ValueError(f"places must give a volume and a position for each of {len(self.table)} rows")
+            self.volumes = torch.as_tensor(np.asarray(places[0], dtype=np.int64))
+            self.positions = torch.as_tensor(np.asarray(places[1], dtype=np.float32))
         self.store = None if cache else store  # batches straight from the disk cache
         self._source = store if cache else None  # what the in-memory cache is filled from
         # Workers index these arrays, never the table: its Python objects would be copied into every worker's memory.
@@ -288,10 +307,13 @@ class CTSliceDataset(Dataset):
 
     def _scan_items(self, rows: torch.Tensor | int) -> dict[str, torch.Tensor]:
         """``scan_label`` and ``scan`` (the scan's number in this split) of ``rows``, where the table has scan
-        labels; nothing otherwise."""
-        if self.scan_labels is None:
-            return {}
-        return {"scan_label": self.scan_labels[rows], "scan": self.scans[rows]}
+        labels; ``volume`` and ``position_mm`` where the dataset was given their places; nothing otherwise."""
+        items = {}
+        if self.scan_labels is not None:
+            items.update(scan_label=self.scan_labels[rows], scan=self.scans[rows])
+        if self.volumes is not None:
+            items.update(volume=self.volumes[rows], position_mm=self.positions[rows])
+        return items
 
     def __getitems__(self, indices: Sequence[int]) -> Sequence[CTBatch]:
         """What a DataLoader fetches per batch (it collates these items): from the disk cache, one gather per batch

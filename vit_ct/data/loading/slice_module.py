@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import lightning as L
 import numpy as np
+import pandas as pd
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset
 
 from vit_ct.data.loading.distributed import MarkedPaddingSampler, global_seed
 from vit_ct.data.loading.slice_dataset import CTBatch
+from vit_ct.data.manifests.neighbours import neighbour_rows, slice_places
 from vit_ct.data.transforms.augment import BatchAugmentation
 from vit_ct.data.transforms.contract import DEFAULT_IMG_SIZE, DEFAULT_WINDOWS, InputContract, slices_read
 from vit_ct.data.transforms.model_input import apply_windows
@@ -69,6 +72,8 @@ class SliceDataModule(L.LightningDataModule):
                 f"data.context_mm must be a distance > 0 in mm (or null: each slice alone), got {context_mm}"
             )
         self.context_mm = None if context_mm is None else float(context_mm)
+        # batches carry each slice's volume and position (CTBatch): set by `setup` for a model with a sequence head
+        self.read_volumes = False
         self.img_size = img_size
         self.batch_size = batch_size
         self.num_workers = num_workers
@@ -92,6 +97,20 @@ class SliceDataModule(L.LightningDataModule):
             read_options=self.read_options,
             context_mm=self.context_mm,
         )
+
+    def scan_places(self, table: pd.DataFrame, where: str) -> tuple[tuple | None, np.ndarray | None]:
+        """Where the slices of ``table`` lie, as far as a run needs: each row's volume and position
+        (:func:`~vit_ct.data.manifests.neighbours.slice_places`) where the model reads slices in their scan
+        (``read_volumes``), else None; with ``context_mm``, the rows read with each row, said in one line naming
+        ``where``, else None."""
+        if self.context_mm is None and not self.read_volumes:
+            return None, None
+        places = slice_places(table.reset_index(drop=True))
+        if self.context_mm is None:
+            return places, None
+        found = neighbour_rows(*places, self.context_mm)
+        rank_zero_info(found.describe(where))
+        return (places if self.read_volumes else None), found.rows
 
     def check(self, stage: str, *, num_classes: int | None = None) -> None:
         """Refuse bad input for ``stage`` before a run starts (the CLI calls it before the trainer does anything);
