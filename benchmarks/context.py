@@ -1,6 +1,7 @@
-"""Does reading a slice with its neighbours help? The README's fine-tuning recipe side by side with and without
-``data.context_mm`` (the neighbours' kernels starting at zero, or inflated: the slice's kernels spread over the three
-slices), on whole simulated scans where a bleed spans the slices it reaches.
+"""Does reading a slice with its neighbours, or in its whole scan, help? The README's fine-tuning recipe side by side
+with and without ``data.context_mm`` (the neighbours' kernels starting at zero, or inflated: the slice's kernels spread
+over the three slices) and with a sequence head over the scan (``model.network.sequence``: scored on its reading of
+each slice in its scan, ``prob_in_scan``), on whole simulated scans where a bleed spans the slices it reaches.
 
 One run writes a scan set that no training has seen (``python -m vit_ct.sim.pretraining --scan_spacing_mm``: the
 scanner-randomised cohort, its own seed, contiguous slices, each bleed a 3-D object), blanks the masks of its train and
@@ -13,7 +14,7 @@ convolution's kernels on them over those on the slice); and what each costs (fit
 machine).
 
     python -m benchmarks.context --patients 100 --slices 12
-    python -m benchmarks.context --rows alone inflated    # some rows only
+    python -m benchmarks.context --rows alone inflated sequence    # some rows only
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ ROWS = {
     "alone": ("alone", []),
     "context": ("context 5 mm", CONTEXT),
     "inflated": ("context 5 mm, inflated start", [*CONTEXT, "--model.network.neighbour_start", "inflated"]),
+    "sequence": ("alone + sequence (in scan)", ["--model.network.sequence", "gru"]),
 }
 
 
@@ -71,7 +73,9 @@ def run_row(name: str, extra: list[str], manifest: Path, folder: Path, epochs: i
                              "--trainer.logger", "false", "--trainer.enable_progress_bar", "false")  # fmt: skip
     slices = pd.read_csv(out / "predictions.csv")
     share = neighbour_share(Path(checkpoint))
-    auroc, low, high = patient_bootstrap_auroc(slices["label"], slices["prob"], slices["scan"])
+    # a model with a sequence head is scored on its reading of each slice in its scan; its maps are the slices' own
+    prob = "prob_in_scan" if "prob_in_scan" in slices.columns else "prob"
+    auroc, low, high = patient_bootstrap_auroc(slices["label"], slices[prob], slices["scan"])
     positive = slices[(slices["label"] == 1) & slices["rollout_pointing"].notna()]
     return {
         "name": name,
@@ -79,7 +83,7 @@ def run_row(name: str, extra: list[str], manifest: Path, folder: Path, epochs: i
         "auroc": auroc,
         "low": low,
         "high": high,
-        "scan_auroc": scan_auroc(slices["label"].to_numpy(), slices["prob"].to_numpy(), slices["scan"].to_numpy()),
+        "scan_auroc": scan_auroc(slices["label"].to_numpy(), slices[prob].to_numpy(), slices["scan"].to_numpy()),
         "pointing": float(positive["rollout_pointing"].mean()),
         "dice": float(positive["rollout_dice"].mean()),
         "neighbour_share": share,

@@ -69,6 +69,19 @@ def test_fit_keeps_the_sequence_and_test_scores_each_slice_in_its_whole_scan(tmp
     if scans["label"].nunique() == 2:
         assert logged["test/scan_auroc_in_scan"] == pytest.approx(roc_auc_score(scans["label"], scans["prob"]))
 
+    # predict writes each slice's probability in its whole scan beside the slice's own, in batches that split scans,
+    # its maps read over 2 x 2 shifted grids (the embeddings are the unshifted pass's)
+    out = tmp_path / "out"
+    main(["predict", "--config", DEMO, *data, *QUIET, "--ckpt_path", str(checkpoint_path), "--trainer.precision",
+          "32-true", "--data.init_args.batch_size", "3", "--data.init_args.predict_split", "test", "--map_shifts", "2",
+          "--output_dir", str(out)])  # fmt: skip
+    written = pd.read_csv(out / "predictions.csv")
+    assert list(written.columns[:4]) == ["image", "prob", "prob_tta", "prob_in_scan"]
+    by_image = dict(zip(rows["image_ref"], prob, strict=True))
+    np.testing.assert_allclose(written["prob_in_scan"], written["image"].map(by_image), atol=1e-5)
+    np.testing.assert_allclose(written["prob"], written["image"].map(dict(zip(rows["image_ref"],
+                               logits.softmax(-1)[:, 1].numpy(), strict=True))), atol=1e-5)  # fmt: skip
+
 
 @pytest.mark.slow
 def test_two_processes_read_each_scan_whole_as_one_does(tmp_path):

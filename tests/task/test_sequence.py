@@ -108,3 +108,13 @@ def test_the_scan_auroc_in_scan_takes_each_scans_highest_slice():
     given = dict(rows, scan_label=torch.tensor([1, 1, 0, 0, 1, 1, 0]))  # scan labels decide where given
     expected = roc_auc_score([1, 0, 1], [0.7, 0.9, 0.8])
     assert scan_auroc_in_scan(probs, given, "binary", ["0", "1"]) == pytest.approx(expected)
+
+
+def test_start_weights_without_a_sequence_start_it_fresh_and_say_so():
+    with pytest.warns(UserWarning, match="the sequence head \\(not in the weights\\)"):
+        model = ViTClassifier.from_hparams(pretrained="vit-ct/headct-tiny-256", sequence="gru").eval()
+    plain = ViTClassifier.from_hparams(pretrained="vit-ct/headct-tiny-256").eval()
+    image = torch.rand(2, model.hparams.in_chans, model.hparams.img_size, model.hparams.img_size)
+    with torch.no_grad():
+        assert torch.equal(model(image), plain(image))  # the slice network is the weights'
+    assert model.sequence.out.weight.abs().sum() == 0

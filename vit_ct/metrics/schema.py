@@ -25,6 +25,10 @@ class PredictionColumns:
     prob_tta: str = "prob_tta"
     """Where the map is read over shifted grids (``--map_shifts`` > 1): ``prob`` as the mean over those passes
     (test-time augmentation), beside the single pass's; ``prob_tta_<class>`` for multi-class and multi-label runs."""
+    prob_in_scan: str = "prob_in_scan"
+    """With a sequence head (``--model.network.sequence``): ``prob`` of the slice read in its whole scan (every
+    predicted slice of its volume, in position order); ``prob_in_scan_<class>`` for multi-class and multi-label runs.
+    ``prob`` stays the slice read alone, whose map the rollout reads."""
     prob_calibrated: str = "prob_calibrated"
     """With ``vit-ct predict --calibration FILE`` (binary runs): ``prob`` after the temperature scaling that
     ``vit-ct report`` fitted, ``sigmoid(logit(prob) / T)``; ``prob``, which the metrics read, stays the model's."""
@@ -56,10 +60,10 @@ class PredictionColumns:
     # `<source>_<score>` (:meth:`score`): NaN on slices without a known, non-empty lesion mask; HD95 only in the unit
     # some slice was measured in (`hd95_mm`, `hd95_px`)
 
-    def probs(self, task: str, class_names: Sequence[str], *, tta: bool = False) -> list[str]:
+    def probs(self, task: str, class_names: Sequence[str], *, tta: bool = False, in_scan: bool = False) -> list[str]:
         """The probability columns: ``prob`` (binary), else one ``prob_<class>`` per output; with ``tta`` the same of
-        ``prob_tta``."""
-        base = self.prob_tta if tta else self.prob
+        ``prob_tta``, with ``in_scan`` of ``prob_in_scan``."""
+        base = self.prob_tta if tta else self.prob_in_scan if in_scan else self.prob
         return [base] if task == "binary" else [f"{base}_{name}" for name in class_names]
 
     def labels(self, names: Sequence[str]) -> list[str]:
@@ -87,12 +91,15 @@ class PredictionColumns:
         sources: Sequence[str] = (),
         scores: Sequence[str] = (),
         tta: bool = False,
+        in_scan: bool = False,
     ) -> list[str]:
         """The columns of a run whose slices all have the same kinds of values: ``labels`` known, a ``scan``, a
         ``frame`` (``slice``), a ``mask``, the sink over ``blocks`` (None: no head mask), the ``scores`` of the
-        map ``sources`` scored against the lesion (none without a mask), ``tta`` (the map read over shifted grids)."""
+        map ``sources`` scored against the lesion (none without a mask), ``tta`` (the map read over shifted grids),
+        ``in_scan`` (a sequence head)."""
         names = [self.image, *self.probs(task, class_names)]
         names += self.probs(task, class_names, tta=True) if tta else []
+        names += self.probs(task, class_names, in_scan=True) if in_scan else []
         if labels:
             names += self.labels(class_names) if task == "multilabel" else [self.label]
         names += [self.rollout, self.overlay]

@@ -10,8 +10,9 @@ from typing import Literal
 import torch
 from timm.models import VisionTransformer
 
-# Keys of the classifier heads: re-initialised when their shape differs from the target's.
-HEAD_PREFIXES = ("head.", "patch_head.")
+# Keys of the heads: re-initialised when their shape differs from the target's, or where the weights have none (the
+# network's classifier; beside it, the patch head and the sequence over a scan's slices, vit_ct.model.sequence).
+HEAD_PREFIXES = ("head.", "patch_head.", "sequence.")
 
 
 def stem_keys(state: dict) -> list[str]:

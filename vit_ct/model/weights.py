@@ -331,8 +331,9 @@ def _fresh_start(
             built = "patch" if f"{vit_prefix}patch_embed.proj.weight" in target else "conv"
             why = f"the weights hold {STEM_NAMES[held]}" if held else "not in the weights"
             said.append(f"the stem ({STEM_NAMES[built]}; {why})")
-        elif part in ("head", "patch_head"):
-            said.append(f"the {'classifier' if part == 'head' else 'patch'} head (not in the weights)")
+        elif part in ("head", "patch_head", "sequence"):
+            kind = {"head": "the classifier head", "patch_head": "the patch head", "sequence": "the sequence head"}
+            said.append(f"{kind[part]} (not in the weights)")
         else:
             shown = ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
             said.append(f"{shown} (not in the weights)")

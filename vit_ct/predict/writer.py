@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 
 from vit_ct.data.io.head_check import head_check
@@ -35,6 +36,7 @@ from vit_ct.metrics.lesion_probability import scan_column
 from vit_ct.metrics.schema import PREDICTIONS, RUN_JSON, RunRecord
 from vit_ct.metrics.temperature import read_temperature, scale
 from vit_ct.task.inference import Inference
+from vit_ct.task.scan_reading import read_in_scan
 
 PREDICT = "predict"  # the command whose outputs this writer writes, as its output record names it
 
@@ -203,6 +205,7 @@ class PredictionWriter(BasePredictionWriter):
         self.output_dir = self.destination
         self.window = window
         self.rows: list[dict] = []
+        self.in_scan: list[dict] = []  # with a sequence head: what reading the slices in their scans needs
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         if self.calibration is not None and pl_module.task != "binary":
@@ -214,7 +217,7 @@ class PredictionWriter(BasePredictionWriter):
         self.output_dir = staging_folder(self.destination, token)
         for sub in ("maps", "overlays"):
             (self.output_dir / sub).mkdir(parents=True, exist_ok=True)
-        self.rows = []
+        self.rows, self.in_scan = [], []
         report = getattr(trainer.datamodule, "report_bad_rows", None)  # rows on_bad_file="skip" left out
         if report is not None and trainer.is_global_zero:
             report(self.output_dir, shown_as=self.destination)
@@ -250,10 +253,16 @@ class PredictionWriter(BasePredictionWriter):
             save_png(add_caption(picture, overlay_caption(record), min_width=OVERLAY_MIN_WIDTH),
                      self.output_dir / overlay_path)  # fmt: skip
             self.rows.append(record)
+        if prediction.in_scan is not None:
+            part = {key: value.detach().float().cpu() if value.is_floating_point() else value.detach().cpu()
+                    for key, value in prediction.in_scan.items()}  # fmt: skip
+            self.in_scan.append({**part, "index": prediction.index.cpu()})
 
     def on_predict_epoch_end(self, trainer, pl_module) -> None:
         partial = self.output_dir / f".predictions.rank{trainer.global_rank}.csv"
         pd.DataFrame(self.rows).to_csv(partial, index=False)
+        if self.in_scan:
+            torch.save(self.in_scan, self.output_dir / f".in_scan.rank{trainer.global_rank}.pt")
         trainer.strategy.barrier()  # every rank calls it: no collective inside rank-0-only code
         if trainer.is_global_zero:
             # one file per rank of this run: the partial folder is this run's own
@@ -261,6 +270,8 @@ class PredictionWriter(BasePredictionWriter):
             frames = [pd.read_csv(p) for p in parts if p.stat().st_size > 1]
             # A distributed sampler repeats a few slices to even out the ranks: keep each slice once.
             table = pd.concat(frames).drop_duplicates(PREDICTIONS.index).sort_values(PREDICTIONS.index)
+            table = read_in_scans(table, pl_module, [self.output_dir / f".in_scan.rank{r}.pt" for r in
+                                                     range(trainer.world_size)])  # fmt: skip
             table = table.drop(columns=PREDICTIONS.index)
             table = table.drop(columns=unmeasured_distances(table))
             if self.calibration is not None:  # beside prob, which the metrics and the review read as the model gave it
@@ -303,6 +314,31 @@ def summary_line(out: Path) -> str:
     if left_out:
         parts.append(f"what was left out, with the reasons: {', '.join(left_out)}")
     return f"vit-ct predict wrote {out}: " + "; ".join(parts)
+
+
+def read_in_scans(table: pd.DataFrame, pl_module, parts: list[Path]) -> pd.DataFrame:
+    """``table`` (with its ``index``) with each slice's probability in its whole scan after ``prob``
+    (:attr:`~vit_ct.metrics.schema.PredictionColumns.prob_in_scan`), where the model has a sequence head and the ranks
+    wrote what it reads (``parts``, removed here); as it was otherwise."""
+    found = [p for p in parts if p.is_file()]
+    batches = [batch for p in found for batch in torch.load(p, weights_only=True)]
+    for p in found:
+        p.unlink()
+    if not batches or getattr(pl_module, "sequence", None) is None:
+        return table
+    rows = {key: torch.cat([batch[key] for batch in batches]) for key in batches[0]}
+    _, first = np.unique(rows["index"].numpy(), return_index=True)  # a DDP padding repeat counts once
+    rows = {key: value[torch.from_numpy(first)] for key, value in rows.items()}
+    probs = pl_module.probabilities(read_in_scan(pl_module.sequence, rows)).cpu().reshape(len(first), -1).numpy()
+    columns = PREDICTIONS.probs(pl_module.task, pl_module.class_names, in_scan=True)
+    read = pd.DataFrame(probs, columns=columns, index=rows["index"].numpy())
+    table = table.copy()
+    before = [*PREDICTIONS.probs(pl_module.task, pl_module.class_names),
+              *PREDICTIONS.probs(pl_module.task, pl_module.class_names, tta=True)]  # fmt: skip
+    at = max(table.columns.get_loc(c) for c in before if c in table.columns) + 1
+    for offset, column in enumerate(columns):
+        table.insert(at + offset, column, table[PREDICTIONS.index].map(read[column]).to_numpy())
+    return table
 
 
 def say_outside_domain(table: pd.DataFrame) -> None:

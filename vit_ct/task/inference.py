@@ -14,6 +14,7 @@ from vit_ct.explain.maps import Explained, localisation_maps
 from vit_ct.metrics.localisation import SURFACE_DISTANCE_SOURCES, scores_per_slice
 from vit_ct.metrics.schema import PREDICTIONS
 from vit_ct.metrics.sink import sink_per_slice
+from vit_ct.model.sequence import head_inputs
 
 
 @dataclass
@@ -27,6 +28,9 @@ class Inference:
     sink: dict[str, torch.Tensor]  # vit_ct.metrics.sink.sink_per_slice; empty without a head mask
     scores: dict[str, torch.Tensor]  # {source}_{score}: (B,) float64, NaN unscored; empty when no slice has a mask
     prob_tta: torch.Tensor | None = None  # as `prob`, the mean over the shifted passes' too; None: one pass
+    # with a sequence head: what reading the slices in their scans needs (vit_ct.task.scan_reading.read_in_scan):
+    # the slices' `embeddings` (B, D) and `logits` (B, C) of the unshifted pass, their `volume` and `position_mm`
+    in_scan: dict[str, torch.Tensor] | None = None
 
     def probabilities(self, i: int, class_names: Sequence[str]) -> dict[str, float]:
         """Slice ``i``'s ``prob`` (binary) or ``prob_<class>`` columns, then ``prob_tta`` (``prob_tta_<class>``) where
@@ -70,7 +74,12 @@ def infer(
         sources: The maps scored against the lesion (:data:`vit_ct.metrics.localisation.MAP_SOURCES`); predict
             scores the rollout and its ceiling, the review also the floors.
     """
-    explained: Explained = model.explained(batch["image"], reading=reading)  # shifted grids where reading.shifts > 1
+    with head_inputs(model.vit.head) as embeddings:  # the first call: the unshifted pass
+        explained: Explained = model.explained(batch["image"], reading=reading)  # shifted grids: reading.shifts > 1
+    in_scan = None
+    if getattr(model, "sequence", None) is not None and "volume" in batch:
+        in_scan = {"embeddings": embeddings[0], "logits": explained.output, "volume": batch["volume"],
+                   "position_mm": batch["position_mm"]}  # fmt: skip
     rollout, patches = explained.rollout, tuple(model.vit.patch_embed.grid_size)
     sink = {}
     if "head" in batch:  # the attention sink, per slice
@@ -84,4 +93,4 @@ def infer(
     if explained.shifted_outputs:  # test-time augmentation: the mean probability over every pass
         passes = (explained.output, *explained.shifted_outputs)
         tta = torch.stack([model.probabilities(output) for output in passes]).mean(dim=0)
-    return Inference(batch["index"], prob, rollout, explained.class_attention, sink, scores, tta)
+    return Inference(batch["index"], prob, rollout, explained.class_attention, sink, scores, tta, in_scan)
