@@ -81,6 +81,13 @@ def test_fit_keeps_the_sequence_and_test_scores_each_slice_in_its_whole_scan(tmp
     np.testing.assert_allclose(written["prob_in_scan"], written["image"].map(by_image), atol=1e-5)
     np.testing.assert_allclose(written["prob"], written["image"].map(dict(zip(rows["image_ref"],
                                logits.softmax(-1)[:, 1].numpy(), strict=True))), atol=1e-5)  # fmt: skip
+    # scans.csv: each scan's highest slice in scan beside its highest alone, and its slices in scan order
+    per_scan = pd.read_csv(out / "scans.csv").set_index("scan")
+    assert list(per_scan.columns[:3]) == ["n_slices", "prob", "prob_in_scan"]
+    np.testing.assert_allclose(per_scan.loc[scans.index, "prob_in_scan"], scans["prob"], atol=1e-4)
+    for patient, group in rows.assign(prob=prob, z=z).groupby("patient_id"):
+        written_order = [float(p) for p in per_scan.loc[patient, "slice_probs_in_scan"].split(";")]
+        np.testing.assert_allclose(written_order, group.sort_values("z")["prob"], atol=1e-4)
 
 
 @pytest.mark.slow

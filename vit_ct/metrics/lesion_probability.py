@@ -35,9 +35,12 @@ def lesion_scores(probs: torch.Tensor, task: Task, class_names: Sequence[str] | 
     return probs[:, names.index(ANY)] if ANY in names else probs.max(dim=1).values
 
 
-def lesion_probability(predictions: pd.DataFrame, task: Task, class_names: Sequence[str]) -> pd.Series:
-    """:func:`lesion_scores` of the rows of a ``predictions.csv`` (``prob``, or a ``prob_<name>`` column per output)."""
-    columns = PREDICTIONS.probs(task, class_names)
+def lesion_probability(
+    predictions: pd.DataFrame, task: Task, class_names: Sequence[str], *, in_scan: bool = False
+) -> pd.Series:
+    """:func:`lesion_scores` of the rows of a ``predictions.csv`` (``prob``, or a ``prob_<name>`` column per output;
+    with ``in_scan``, ``prob_in_scan``...)."""
+    columns = PREDICTIONS.probs(task, class_names, in_scan=in_scan)
     columns = columns[0] if task == "binary" else columns
     probs = torch.from_numpy(np.array(predictions[columns], dtype=np.float64))  # a copy: pandas' arrays are read-only
     return pd.Series(lesion_scores(probs, task, class_names).numpy(), index=predictions.index)

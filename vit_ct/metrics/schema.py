@@ -122,6 +122,9 @@ class ScanColumns:
     """Its predicted slices."""
     prob: str = "prob"
     """P(lesion) of the scan: the maximum over its slices."""
+    prob_in_scan: str = "prob_in_scan"
+    """With a sequence head: the maximum over its slices of P(lesion) read in the scan (``predictions.csv``'s
+    ``prob_in_scan``)."""
     peak_slice: str = "peak_slice"
     """Index along the scan of the slice where ``prob`` peaks (``k`` of the NIfTI volume)."""
     peak_image: str = "peak_image"
@@ -130,6 +133,8 @@ class ScanColumns:
     """1 when any slice is positive, 0 when all are negative, empty when a slice's label is unknown."""
     slice_probs: str = "slice_probs"
     """The slices' P(lesion), ';'-separated, in scan order."""
+    slice_probs_in_scan: str = "slice_probs_in_scan"
+    """With a sequence head: the slices' P(lesion) read in the scan, likewise: where it moved the scan's decision."""
     ct: str = "ct"
     """``scans/<scan>_ct.nii.gz``: the CT in HU on the scan's grid and affine; empty without a known geometry."""
     rollout: str = "rollout"

@@ -80,6 +80,17 @@ def prediction_labels(predictions: pd.DataFrame, pl_module) -> pd.Series:
     return lesion_labels(predictions.reindex(columns=columns), columns)
 
 
+def add_in_scan(scans: pd.DataFrame, slices: pd.DataFrame, in_scan: pd.Series, key: str) -> pd.DataFrame:
+    """``scans`` (:func:`scan_summary` of ``slices``) with the scan's P(lesion) in scan after ``prob`` and its slices'
+    after ``slice_probs`` (:class:`~vit_ct.metrics.schema.ScanColumns`), from each slice's ``in_scan`` P(lesion)."""
+    read = scan_summary(slices.assign(**{SCANS.p_lesion: in_scan.to_numpy()}), key).set_index(SCANS.scan)
+    scans = scans.copy()
+    for after, column, source in ((SCANS.prob, SCANS.prob_in_scan, SCANS.prob),
+                                  (SCANS.slice_probs, SCANS.slice_probs_in_scan, SCANS.slice_probs)):  # fmt: skip
+        scans.insert(scans.columns.get_loc(after) + 1, column, scans[SCANS.scan].map(read[source]).to_numpy())
+    return scans
+
+
 class ScanResultsWriter(Callback):
     """After :class:`vit_ct.predict.writer.PredictionWriter` has written ``predictions.csv``: ``scans.csv`` and, per
     scan with a known geometry, ``scans/<scan>_ct.nii.gz``, ``scans/<scan>_rollout.nii.gz`` and a three-view PNG
@@ -140,6 +151,9 @@ class ScanResultsWriter(Callback):
             slices.loc[group.index, SCANS.order] = order
             geometry[scan_id] = scan
         scans = scan_summary(slices, key)
+        if PREDICTIONS.probs(pl_module.task, pl_module.class_names, in_scan=True)[0] in predictions.columns:
+            scans = add_in_scan(scans, slices, lesion_probability(predictions, pl_module.task, pl_module.class_names,
+                                                                  in_scan=True), key)  # fmt: skip
         scans[SCANS.ct], scans[SCANS.rollout], scans[SCANS.views] = None, None, None
         for i, row in scans.iterrows():
             scan = geometry.get(row[SCANS.scan])
