@@ -20,6 +20,9 @@ from test_distributed import _vit_ct
 
 from vit_ct import ViTClassifier
 from vit_ct.cli import main
+from vit_ct.report.report_command import main as report_main
+from vit_ct.review.predict_run import open_predict_run
+from vit_ct.review.scan_view import plot_scan
 
 DEMO = str(Path(__file__).resolve().parents[2] / "configs" / "demo.yaml")
 QUIET = ["--trainer.logger", "false", "--trainer.enable_progress_bar", "false"]
@@ -88,6 +91,20 @@ def test_fit_keeps_the_sequence_and_test_scores_each_slice_in_its_whole_scan(tmp
     for patient, group in rows.assign(prob=prob, z=z).groupby("patient_id"):
         written_order = [float(p) for p in per_scan.loc[patient, "slice_probs_in_scan"].split(";")]
         np.testing.assert_allclose(written_order, group.sort_values("z")["prob"], atol=1e-4)
+
+    # the review's scan view draws each slice read in its scan beside the slice alone
+    run = open_predict_run(out)
+    patient = rows["patient_id"].iloc[0]
+    curves = {line.get_label(): line.get_ydata() for line in plot_scan(run, patient).axes[1].lines}
+    expected = rows.assign(prob=prob, z=z).query("patient_id == @patient").sort_values("z")["prob"]
+    np.testing.assert_allclose(curves["P(lesion) in its scan"], expected, atol=1e-4)
+
+    # the report: the slices read in their scans as a model of its own beside the slices alone
+    report_main([str(out), "--manifest", str(manifest), "--bootstrap", "20", "--output_dir", str(tmp_path / "report")])
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    in_scan = report["compare"]["vit-ct in scan"]["slice"]["auroc"]["value"]
+    assert in_scan == pytest.approx(roc_auc_score(label, prob), abs=1e-6)
+    assert report["slice"]["auroc"]["value"] == pytest.approx(logged["test/auroc"], abs=1e-5)
 
 
 @pytest.mark.slow

@@ -147,6 +147,8 @@ class ScanColumns:
     """What reading the scan noticed, '; '-separated."""
     p_lesion: str = "p_lesion"
     """Input per slice: P(lesion) (:func:`vit_ct.metrics.lesion_probability.lesion_scores`); not in the file."""
+    p_lesion_in_scan: str = "p_lesion_in_scan"
+    """Per slice, where the run has a sequence head: P(lesion) read in its scan; not in the file."""
     positive: str = "positive"
     """Input per slice: its lesion label, <NA> where unknown; not in the file."""
     order: str = "order"

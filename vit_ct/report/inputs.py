@@ -50,11 +50,12 @@ class ModelPredictions:
     info: dict
 
 
-def read_predictions(path: str | os.PathLike, name: str) -> ModelPredictions:
+def read_predictions(path: str | os.PathLike, name: str, *, in_scan: bool = False) -> ModelPredictions:
     """A ``vit-ct predict`` output folder, or a ``predictions.csv`` of any model: ``image`` as the manifest names the
     slice, P(lesion) as ``prob`` (or ``prob_lesion``; a vit-ct run's ``prob_<class>`` columns through its ``run.json``),
     optionally ``slice``, ``overlay`` (a PNG per slice, relative to the CSV's folder) and the map score columns
-    ``<map>_<score>`` (``rollout_pointing``, ...).
+    ``<map>_<score>`` (``rollout_pointing``, ...). ``in_scan``: P(lesion) from the slices read in their scans
+    (``prob_in_scan``, ... of a model with a sequence head) instead.
 
     Raises:
         ValueError: naming the folder or file and what was expected.
@@ -77,18 +78,26 @@ def read_predictions(path: str | os.PathLike, name: str) -> ModelPredictions:
     if PREDICTIONS.image not in table:
         raise ValueError(f"{csv} lacks the '{PREDICTIONS.image}' column (the slice as the manifest names it); columns:"
                          f" {list(table.columns)}")  # fmt: skip
-    table[P_LESION] = _lesion_probability(table, info, csv)
+    table[P_LESION] = _lesion_probability(table, info, csv, in_scan=in_scan)
     table.attrs["path"] = str(csv)
     return ModelPredictions(name=name, table=table, folder=csv.parent.resolve(), info=info)
 
 
-def _lesion_probability(table: pd.DataFrame, info: dict, csv: Path) -> pd.Series:
-    """P(lesion) per row: through ``run.json``'s task (multi-class, multi-label), else ``prob`` or ``prob_lesion``."""
-    if "task" in info:
-        missing = [c for c in PREDICTIONS.probs(info["task"], info["class_names"]) if c not in table]
+def has_in_scan(predictions: ModelPredictions) -> bool:
+    """Whether a vit-ct run wrote each slice's probability in its scan too (a sequence head: ``prob_in_scan``)."""
+    task, names = predictions.info.get("task", "binary"), predictions.info.get("class_names") or []
+    return all(c in predictions.table for c in PREDICTIONS.probs(task, names, in_scan=True))
+
+
+def _lesion_probability(table: pd.DataFrame, info: dict, csv: Path, *, in_scan: bool = False) -> pd.Series:
+    """P(lesion) per row: through ``run.json``'s task (multi-class, multi-label), else ``prob`` or ``prob_lesion``;
+    ``in_scan``: of the ``prob_in_scan`` columns."""
+    if "task" in info or in_scan:
+        task, names = info.get("task", "binary"), info.get("class_names") or []
+        missing = [c for c in PREDICTIONS.probs(task, names, in_scan=in_scan) if c not in table]
         if missing:
-            raise ValueError(f"{csv} lacks the column(s) {missing} its run.json ({info['task']}) names")
-        prob = lesion_probability(table, info["task"], info["class_names"])
+            raise ValueError(f"{csv} lacks the column(s) {missing} its run.json ({task}) names")
+        prob = lesion_probability(table, task, names, in_scan=in_scan)
     else:
         column = next((c for c in (PREDICTIONS.prob, f"{PREDICTIONS.prob}_lesion") if c in table), None)
         if column is None:

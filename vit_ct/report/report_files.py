@@ -12,7 +12,7 @@ from pathlib import Path
 from vit_ct.files import check_replaceable, record_output, remove_leftovers, replace_folder, staging_folder
 from vit_ct.report.bootstrap import RESAMPLES, SEED
 from vit_ct.report.evidence import ModelEvidence, model_evidence
-from vit_ct.report.inputs import read_labels, read_predictions
+from vit_ct.report.inputs import has_in_scan, read_labels, read_predictions
 from vit_ct.report.map_sanity import (
     SANITY_SLICES,
     checked_map_note,
@@ -114,6 +114,10 @@ def write_report(
     if sanity_slices < 2:
         raise ValueError(f"--sanity_slices {sanity_slices}: expected at least 2 (a rank correlation per slice)")
     read = {n: read_predictions(path, n) for n, path in sources.items()}
+    in_scan = f"{name} in scan"  # a sequence head: the slices read in their scans, reported as a model of its own
+    if has_in_scan(read[name]) and in_scan not in read:
+        read = {name: read[name], in_scan: read_predictions(predictions, in_scan, in_scan=True), **read}
+        sources = {name: predictions, in_scan: predictions, **sources}
     labels = read_labels(manifest, read[name].info)
     model, checkpoint = load_checkpoint(ckpt_path) if ckpt_path is not None else (None, None)  # before the long part
     tolerance = default_tolerance_mm() if model is None else float(model.hparams.localisation_tolerance_mm)

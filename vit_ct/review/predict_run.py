@@ -26,7 +26,8 @@ class PredictRun:
     Attributes:
         folder: ``OUT``.
         slices: ``predictions.csv`` with ``image_path`` (the slice's file), ``p_lesion`` (P(lesion), by
-            :func:`vit_ct.metrics.lesion_probability.lesion_probability`) and ``order`` (its place in its scan).
+            :func:`vit_ct.metrics.lesion_probability.lesion_probability`), ``order`` (its place in its scan) and,
+            where the model read each slice in its scan too (a sequence head), ``p_lesion_in_scan``.
         scans: ``scans.csv``, or None when the run predicted slices without scans.
         info: ``run.json`` (checkpoint, manifest, input), empty for runs written before it existed.
     """
@@ -90,7 +91,9 @@ def open_predict_run(folder: str | os.PathLike) -> PredictRun:
         slices[SCANS.p_lesion] = slices[PREDICTIONS.prob].astype(float)
     else:
         raise ValueError(f"{folder} has no run.json to say how its prob_<class> columns make P(lesion): predict again")
-    in_scan = slices.groupby(PREDICTIONS.scan).cumcount() if PREDICTIONS.scan in slices else np.arange(len(slices))
-    slices[SCANS.order] = in_scan
+    if "task" in info and all(c in slices for c in PREDICTIONS.probs(info["task"], info["class_names"], in_scan=True)):
+        slices[SCANS.p_lesion_in_scan] = lesion_probability(slices, info["task"], info["class_names"], in_scan=True)
+    order = slices.groupby(PREDICTIONS.scan).cumcount() if PREDICTIONS.scan in slices else np.arange(len(slices))
+    slices[SCANS.order] = order
     scans = pd.read_csv(folder / SCANS.file) if (folder / SCANS.file).is_file() else None
     return PredictRun(folder=folder, slices=slices, scans=scans, info=info)

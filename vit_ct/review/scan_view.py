@@ -1,6 +1,7 @@
 """A whole scan as a radiologist reads it, from a ``vit-ct predict`` output: the slices in order with the rollout
 over them (opacity, window, map on or off), the probability along the scan with the scan's probability and its peak
-slice marked, and the reviewer's verdict buttons, each click written to the verdicts CSV at once; the summary of the
+slice marked (with a sequence head, beside it each slice read in its scan: where the two part is where the scan moved
+the decision), and the reviewer's verdict buttons, each click written to the verdicts CSV at once; the summary of the
 verdicts so far follows the clicks. Headless (papermill, ``python -m vit_ct.review``) the static figure of each scan's
 peak slice instead, and the summary as it stands.
 """
@@ -48,12 +49,21 @@ def plot_scan(
     image_ax.imshow(render_overlay(hu, heat, mask, window=WINDOW_PRESETS[window], alpha=alpha))
     image_ax.set_axis_off()
     label = row.get(PREDICTIONS.label, np.nan)
-    image_ax.set_title(f"{scan}: slice {position + 1}/{len(slices)}  P(lesion) {row[SCANS.p_lesion]:.2f}"
+    read = f" (in scan {row[SCANS.p_lesion_in_scan]:.2f})" if SCANS.p_lesion_in_scan in row else ""
+    image_ax.set_title(f"{scan}: slice {position + 1}/{len(slices)}  P(lesion) {row[SCANS.p_lesion]:.2f}{read}"
                        + ("" if pd.isna(label) else f"  label {int(label)}"), fontsize=9)  # fmt: skip
     probs = slices[SCANS.p_lesion].to_numpy()
     curve_ax.plot(np.arange(1, len(probs) + 1), probs, marker="o", color="tab:blue", label="P(lesion) per slice")
     curve_ax.axhline(probs[peak], color="tab:red", linestyle="--", linewidth=1, label=f"scan {probs[peak]:.2f}")
     curve_ax.plot(peak + 1, probs[peak], marker="*", markersize=14, color="tab:red", linestyle="none", label="peak")
+    if SCANS.p_lesion_in_scan in slices:  # a sequence head: each slice read in its scan, and the scan's decision so
+        read = slices[SCANS.p_lesion_in_scan].to_numpy()
+        top = int(np.argmax(read))
+        curve_ax.plot(np.arange(1, len(read) + 1), read, marker="s", markersize=4, color="tab:orange",
+                      label="P(lesion) in its scan")  # fmt: skip
+        curve_ax.axhline(
+            read[top], color="tab:orange", linestyle=":", linewidth=1, label=f"scan in scan {read[top]:.2f}"
+        )
     curve_ax.axvline(position + 1, color="grey", linewidth=1)
     curve_ax.set(xlabel="slice along the scan", ylabel="P(lesion)", xlim=(0.5, len(probs) + 0.5), ylim=(-0.02, 1.02))
     curve_ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))  # whole slices, one-slice scans too
