@@ -46,6 +46,12 @@ def lesion_probability(
     return pd.Series(lesion_scores(probs, task, class_names).numpy(), index=predictions.index)
 
 
+def has_in_scan_columns(predictions: pd.DataFrame, task: Task, class_names: Sequence[str]) -> bool:
+    """Whether the rows of a ``predictions.csv`` hold each slice's probabilities in its scan too (``prob_in_scan``...:
+    a model with a sequence head wrote them)."""
+    return all(column in predictions for column in PREDICTIONS.probs(task, class_names, in_scan=True))
+
+
 def scan_column(table: pd.DataFrame) -> str | None:
     """The column that names each slice's scan: ``scan`` (scans, or a manifest from ``vit-ct manifest``), else
     ``patient_id`` (one scan per patient, as in the synthetic set); None when the table has neither."""

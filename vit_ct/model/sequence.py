@@ -20,8 +20,6 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-SEQUENCES = ("gru",)
-
 
 class ScanSequence(nn.Module):
     """A bidirectional GRU over one scan's slice embeddings ``(S, L, D)`` -> a correction ``(S, L, outputs)`` to each

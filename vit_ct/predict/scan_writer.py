@@ -21,7 +21,7 @@ from vit_ct.data.manifests.manifest import frame_number
 from vit_ct.data.transforms.windows import AIR_HU
 from vit_ct.explain.volume_views import render_orthogonal_views
 from vit_ct.files import atomic_write, inside, safe_name
-from vit_ct.metrics.lesion_probability import lesion_probability, scan_column, scan_summary
+from vit_ct.metrics.lesion_probability import has_in_scan_columns, lesion_probability, scan_column, scan_summary
 from vit_ct.metrics.schema import PREDICTIONS, SCANS
 
 # ------------------------------------------------------------------------------------------------------- NIfTI
@@ -151,7 +151,7 @@ class ScanResultsWriter(Callback):
             slices.loc[group.index, SCANS.order] = order
             geometry[scan_id] = scan
         scans = scan_summary(slices, key)
-        if PREDICTIONS.probs(pl_module.task, pl_module.class_names, in_scan=True)[0] in predictions.columns:
+        if has_in_scan_columns(predictions, pl_module.task, pl_module.class_names):
             scans = add_in_scan(scans, slices, lesion_probability(predictions, pl_module.task, pl_module.class_names,
                                                                   in_scan=True), key)  # fmt: skip
         scans[SCANS.ct], scans[SCANS.rollout], scans[SCANS.views] = None, None, None

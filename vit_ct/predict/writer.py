@@ -36,7 +36,7 @@ from vit_ct.metrics.lesion_probability import scan_column
 from vit_ct.metrics.schema import PREDICTIONS, RUN_JSON, RunRecord
 from vit_ct.metrics.temperature import read_temperature, scale
 from vit_ct.task.inference import Inference
-from vit_ct.task.scan_reading import read_in_scan
+from vit_ct.task.scan_reading import joined, on_cpu, read_in_scan
 
 PREDICT = "predict"  # the command whose outputs this writer writes, as its output record names it
 
@@ -254,9 +254,7 @@ class PredictionWriter(BasePredictionWriter):
                      self.output_dir / overlay_path)  # fmt: skip
             self.rows.append(record)
         if prediction.in_scan is not None:
-            part = {key: value.detach().float().cpu() if value.is_floating_point() else value.detach().cpu()
-                    for key, value in prediction.in_scan.items()}  # fmt: skip
-            self.in_scan.append({**part, "index": prediction.index.cpu()})
+            self.in_scan.append(on_cpu({**prediction.in_scan, "index": prediction.index}))
 
     def on_predict_epoch_end(self, trainer, pl_module) -> None:
         partial = self.output_dir / f".predictions.rank{trainer.global_rank}.csv"
@@ -326,10 +324,9 @@ def read_in_scans(table: pd.DataFrame, pl_module, parts: list[Path]) -> pd.DataF
         p.unlink()
     if not batches or getattr(pl_module, "sequence", None) is None:
         return table
-    rows = {key: torch.cat([batch[key] for batch in batches]) for key in batches[0]}
-    _, first = np.unique(rows["index"].numpy(), return_index=True)  # a DDP padding repeat counts once
-    rows = {key: value[torch.from_numpy(first)] for key, value in rows.items()}
-    probs = pl_module.probabilities(read_in_scan(pl_module.sequence, rows)).cpu().reshape(len(first), -1).numpy()
+    rows = joined(batches)  # a DDP padding repeat counts once
+    probs = pl_module.probabilities(read_in_scan(pl_module.sequence, rows)).cpu()
+    probs = probs.reshape(len(rows["index"]), -1).numpy()
     columns = PREDICTIONS.probs(pl_module.task, pl_module.class_names, in_scan=True)
     read = pd.DataFrame(probs, columns=columns, index=rows["index"].numpy())
     table = table.copy()

@@ -17,7 +17,7 @@ import pandas as pd
 from vit_ct.data.manifests.labels import lesion_labels, scan_lesion_labels, values_read_as_lesion
 from vit_ct.data.manifests.manifest import read_manifest
 from vit_ct.data.manifests.scan_labels import scan_key
-from vit_ct.metrics.lesion_probability import lesion_probability
+from vit_ct.metrics.lesion_probability import has_in_scan_columns, lesion_probability
 from vit_ct.metrics.schema import PREDICTIONS, RUN_JSON, SCANS
 
 # The manifest's own columns, never subgroups (the README's manifest table, and what read_manifest adds)
@@ -85,8 +85,8 @@ def read_predictions(path: str | os.PathLike, name: str, *, in_scan: bool = Fals
 
 def has_in_scan(predictions: ModelPredictions) -> bool:
     """Whether a vit-ct run wrote each slice's probability in its scan too (a sequence head: ``prob_in_scan``)."""
-    task, names = predictions.info.get("task", "binary"), predictions.info.get("class_names") or []
-    return all(c in predictions.table for c in PREDICTIONS.probs(task, names, in_scan=True))
+    info = predictions.info
+    return has_in_scan_columns(predictions.table, info.get("task", "binary"), info.get("class_names") or [])
 
 
 def _lesion_probability(table: pd.DataFrame, info: dict, csv: Path, *, in_scan: bool = False) -> pd.Series:

@@ -15,7 +15,7 @@ import pandas as pd
 
 from vit_ct.data.io.reader import load_ct_slice, load_mask
 from vit_ct.data.manifests.manifest import manifest_frame
-from vit_ct.metrics.lesion_probability import lesion_probability
+from vit_ct.metrics.lesion_probability import has_in_scan_columns, lesion_probability
 from vit_ct.metrics.schema import PREDICTIONS, REVIEW, RUN_JSON, SCANS, RunRecord
 
 
@@ -91,7 +91,7 @@ def open_predict_run(folder: str | os.PathLike) -> PredictRun:
         slices[SCANS.p_lesion] = slices[PREDICTIONS.prob].astype(float)
     else:
         raise ValueError(f"{folder} has no run.json to say how its prob_<class> columns make P(lesion): predict again")
-    if "task" in info and all(c in slices for c in PREDICTIONS.probs(info["task"], info["class_names"], in_scan=True)):
+    if "task" in info and has_in_scan_columns(slices, info["task"], info["class_names"]):
         slices[SCANS.p_lesion_in_scan] = lesion_probability(slices, info["task"], info["class_names"], in_scan=True)
     order = slices.groupby(PREDICTIONS.scan).cumcount() if PREDICTIONS.scan in slices else np.arange(len(slices))
     slices[SCANS.order] = order

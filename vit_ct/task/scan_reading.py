@@ -14,7 +14,7 @@ scan, as ``scan_auroc`` takes it from the slices alone).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -96,6 +96,21 @@ def training_in_scan(
     return out
 
 
+def on_cpu(part: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``part``'s tensors detached on the CPU, floating point ones in float32 (bfloat16 does not leave the process)."""
+    return {key: (value.detach().float() if value.is_floating_point() else value.detach()).cpu()
+            for key, value in part.items()}  # fmt: skip
+
+
+def joined(parts: list[dict[str, torch.Tensor]], keys: Sequence[str] | None = None) -> dict[str, torch.Tensor]:
+    """The ``parts`` (each a batch of rows with an ``index``) as one table of tensors, each row once (a row read
+    twice, a distributed sampler's padding repeat, counts once); ``keys``: those of them that every part has."""
+    keys = [key for key in (keys or parts[0]) if all(key in part for part in parts)]
+    rows = {key: torch.cat([part[key] for part in parts]) for key in keys}
+    _, first = np.unique(rows["index"].numpy(), return_index=True)
+    return {key: value[torch.from_numpy(first)] for key, value in rows.items()}
+
+
 class EvaluatedRows:
     """The rows a validation or test epoch read: each slice's row, volume, position, embedding, logits, labels."""
 
@@ -112,9 +127,7 @@ class EvaluatedRows:
         part = {key: batch[key] for key in ("index", "label", *VOLUME_KEYS)}
         if "scan_label" in batch:
             part["scan_label"] = batch["scan_label"]
-        part.update(embeddings=embeddings, logits=logits)
-        self.parts.append({key: value.detach().float().cpu() if value.is_floating_point() else value.detach().cpu()
-                           for key, value in part.items()})  # fmt: skip
+        self.parts.append(on_cpu({**part, "embeddings": embeddings, "logits": logits}))
 
     def rows_read(self) -> torch.Tensor:
         """The rows this process read ``(n,)``."""
@@ -127,12 +140,7 @@ class EvaluatedRows:
             every: list = [None] * dist.get_world_size()
             dist.all_gather_object(every, parts)
             parts = [part for rank in every for part in rank]
-        if not parts:
-            return None
-        keys = [key for key in self.KEYS if all(key in part for part in parts)]
-        rows = {key: torch.cat([part[key] for part in parts]) for key in keys}
-        _, first = np.unique(rows["index"].numpy(), return_index=True)  # a row read twice counts once
-        return {key: value[torch.from_numpy(first)] for key, value in rows.items()}
+        return joined(parts, self.KEYS) if parts else None
 
 
 def scan_auroc_in_scan(probs: torch.Tensor, rows: dict[str, torch.Tensor], task: str, class_names: list[str]) -> float:
