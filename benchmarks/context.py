@@ -14,7 +14,7 @@ convolution's kernels on them over those on the slice); and what each costs (fit
 machine).
 
     python -m benchmarks.context --patients 100 --slices 12
-    python -m benchmarks.context --rows alone inflated sequence    # some rows only
+    python -m benchmarks.context --rows alone inflated sequence both    # some rows only
 """
 
 from __future__ import annotations
@@ -36,12 +36,15 @@ from vit_ct.sim.pretraining import write_pretraining_set
 FINETUNE = str(ROOT / "configs" / "finetune.yaml")
 SEED = 20_261_207  # a seed family no training of the project draws from
 CONTEXT = ["--data.init_args.context_mm", "5"]
+INFLATED = [*CONTEXT, "--model.network.neighbour_start", "inflated"]
+SEQUENCE = ["--model.network.sequence", "gru"]
 # name -> (the table's row, the fit's extra arguments); the name is the run's folder and the figures' suffix
 ROWS = {
     "alone": ("alone", []),
     "context": ("context 5 mm", CONTEXT),
-    "inflated": ("context 5 mm, inflated start", [*CONTEXT, "--model.network.neighbour_start", "inflated"]),
-    "sequence": ("alone + sequence (in scan)", ["--model.network.sequence", "gru"]),
+    "inflated": ("context 5 mm, inflated start", INFLATED),
+    "sequence": ("alone + sequence (in scan)", SEQUENCE),
+    "both": ("context 5 mm, inflated + sequence (in scan)", [*INFLATED, *SEQUENCE]),
 }
 
 

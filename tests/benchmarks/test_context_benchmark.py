@@ -1,6 +1,6 @@
 """benchmarks/context.py end to end at a tiny size: the scan set as the recipe's user has it (masks only on the test
-patients), two rows through the real commands (context from an inflated start, and each slice alone but read in
-its scan by a sequence head), and a record whose table and figures agree with the predictions."""
+patients), two rows through the real commands (context from an inflated start, and the same with each slice read in
+its scan by a sequence head too), and a record whose table and figures agree with the predictions."""
 
 from __future__ import annotations
 
@@ -18,18 +18,18 @@ from benchmarks.context import main
 def test_a_tiny_run_trains_two_rows_and_records_what_the_predictions_say(tmp_path):
     folder = tmp_path / "runs"
     main(["--patients", "16", "--slices", "6", "--epochs", "1", "--num_workers", "1", "--folder", str(folder),
-          "--rows", "inflated", "sequence"], records=tmp_path / "records")  # fmt: skip
+          "--rows", "inflated", "both"], records=tmp_path / "records")  # fmt: skip
     manifest = pd.read_csv(folder / "scans" / "labels_only.csv", dtype=str, keep_default_na=False)
     assert (manifest.loc[manifest["split"] != "test", "mask"] == "").all()
     assert (manifest.loc[manifest["split"] == "test", "mask"] != "").all()
     record = json.loads((tmp_path / "records" / "context.json").read_text())
     rows = record["tables"]["context"]["rows"]
-    assert [row[0] for row in rows] == ["context 5 mm, inflated start", "alone + sequence (in scan)"]
+    assert [row[0] for row in rows] == ["context 5 mm, inflated start", "context 5 mm, inflated + sequence (in scan)"]
     assert rows[0][-2:] == [1.0, 1.0]
     # the inflated start: a third of the slice's kernels on each slice, so the two neighbours' norm over the slice's
     # own is sqrt(2) at the start; one epoch moves it a little
-    assert 1.2 < rows[0][6] < 1.6 and rows[1][6] is None
-    for name, prob in (("inflated", "prob"), ("sequence", "prob_in_scan")):  # a sequence head: scored in scan
+    assert 1.2 < rows[0][6] < 1.6 and 1.2 < rows[1][6] < 1.6
+    for name, prob in (("inflated", "prob"), ("both", "prob_in_scan")):  # a sequence head: scored in scan
         slices = pd.read_csv(folder / f"{name}_predict" / "predictions.csv")
         assert len(slices) == (manifest["split"] == "test").sum()
         assert np.isclose(record["figures"][f"auroc_{name}"], roc_auc_score(slices["label"], slices[prob]))

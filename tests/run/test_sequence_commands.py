@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import highdicom as hd
 import numpy as np
 import pandas as pd
 import pydicom
@@ -15,6 +16,7 @@ import pytest
 import torch
 from conftest import TINY_MODEL_ARGS, tiny_data_args
 from npy_manifest import manifest_args, write_npy_manifest
+from pydicom.sr.codedict import codes
 from sklearn.metrics import roc_auc_score
 from test_distributed import _vit_ct
 
@@ -77,7 +79,7 @@ def test_fit_keeps_the_sequence_and_test_scores_each_slice_in_its_whole_scan(tmp
     out = tmp_path / "out"
     main(["predict", "--config", DEMO, *data, *QUIET, "--ckpt_path", str(checkpoint_path), "--trainer.precision",
           "32-true", "--data.init_args.batch_size", "3", "--data.init_args.predict_split", "test", "--map_shifts", "2",
-          "--output_dir", str(out)])  # fmt: skip
+          "--output_dir", str(out), "--dicom_out", "true"])  # fmt: skip
     written = pd.read_csv(out / "predictions.csv")
     assert list(written.columns[:4]) == ["image", "prob", "prob_tta", "prob_in_scan"]
     by_image = dict(zip(rows["image_ref"], prob, strict=True))
@@ -91,6 +93,15 @@ def test_fit_keeps_the_sequence_and_test_scores_each_slice_in_its_whole_scan(tmp
     for patient, group in rows.assign(prob=prob, z=z).groupby("patient_id"):
         written_order = [float(p) for p in per_scan.loc[patient, "slice_probs_in_scan"].split(";")]
         np.testing.assert_allclose(written_order, group.sort_values("z")["prob"], atol=1e-4)
+
+    # the DICOM objects report each scan as read in its scan: the SR's probability its slices' highest in scan
+    objects = pd.read_csv(out / "dicom" / "objects.csv").set_index(["scan", "kind"])
+    for patient in scans.index:
+        sr = hd.sr.srread(out / objects.loc[(patient, "sr"), "file"])
+        (finding,) = sr.content.get_image_measurement_groups()
+        (probability,) = finding.get_measurements(name=codes.DCM.Probability)
+        assert probability.value == pytest.approx(scans.loc[patient, "prob"], abs=1e-4)
+        assert sr.SeriesDescription.startswith(f"vit-ct finding; P(lesion) {probability.value:.3f} in scan, peak")
 
     # the review's scan view draws each slice read in its scan beside the slice alone
     run = open_predict_run(out)

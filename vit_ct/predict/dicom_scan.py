@@ -24,7 +24,7 @@ from vit_ct.explain.map_reading import MapReading
 from vit_ct.explain.overlay import add_caption, render_overlay
 from vit_ct.explain.segmentation import half_max_region
 from vit_ct.files import atomic_write, inside, safe_name
-from vit_ct.metrics.lesion_probability import ANY, lesion_probability
+from vit_ct.metrics.lesion_probability import ANY, has_in_scan_columns, lesion_probability
 from vit_ct.metrics.schema import PREDICTIONS, RUN_JSON, SCANS
 from vit_ct.predict.dicom_objects import (
     NOT_FOR_DIAGNOSIS,
@@ -110,10 +110,11 @@ def write_dicom_objects(
     base = Path(info["images_relative_to"]) if info.get("images_relative_to") else Path.cwd()
     read_options = (info.get("input") or {}).get("read_options") or {}
     predictions = pd.read_csv(out / PREDICTIONS.file, dtype={PREDICTIONS.scan: str})
-    predictions["p_lesion"] = lesion_probability(predictions, info["task"], info["class_names"]).to_numpy()
+    # a model with a sequence head reports each slice as it read it in its scan (prob_in_scan...), its final reading
+    in_scan = has_in_scan_columns(predictions, info["task"], info["class_names"])
+    predictions["p_lesion"] = lesion_probability(predictions, info["task"], info["class_names"], in_scan=in_scan)
     # resolved, as the scan lists them: an absolute path stays itself
     predictions["path"] = [str((base / p).resolve()) for p in predictions[PREDICTIONS.image]]
-    scans = pd.read_csv(out / SCANS.file, dtype={SCANS.scan: str}).set_index(SCANS.scan)
     written, listed, skipped, failed = [], [], [], []
     for scan_id, rows in predictions.groupby(PREDICTIONS.scan, sort=False):
         frames = rows[PREDICTIONS.slice] if PREDICTIONS.slice in rows else pd.Series([None])
@@ -123,8 +124,8 @@ def write_dicom_objects(
             failed.append({"scan": scan_id, "kind": "all", "reason": "not one DICOM series of single-frame slices"})
             continue
         try:
-            objects = scan_objects(out, scan, rows, scans.loc[scan_id], provenance, window, read_options,
-                                   findings_of(info), threshold)  # fmt: skip
+            objects = scan_objects(out, scan, rows, provenance, window, read_options, findings_of(info, in_scan),
+                                   threshold, in_scan=in_scan)  # fmt: skip
         except Exception as err:  # a scan whose sources cannot be read as needed: the others are written all the same
             objects = {kind: err for kind in KINDS}
         for kind, made in objects.items():
@@ -153,33 +154,36 @@ def write_dicom_objects(
     return written
 
 
-def findings_of(info: dict) -> list[tuple[str | None, str]]:
+def findings_of(info: dict, in_scan: bool = False) -> list[tuple[str | None, str]]:
     """What the SR of a predict output (``run.json``'s ``info``) reports, as (name, column of its predictions):
     intracranial haemorrhage from P(lesion) (name None), then each subtype a model has: a multi-label model's outputs
-    but ``any``, a multi-class model's classes but the first (no lesion), from their probability columns."""
+    but ``any``, a multi-class model's classes but the first (no lesion), from their probability columns (``in_scan``:
+    those of the slices read in their scans)."""
     task, names = info["task"], list(info["class_names"])
     if task == "binary":
         return [(None, "p_lesion")]
-    columns = dict(zip(names, PREDICTIONS.probs(task, names), strict=True))
+    columns = dict(zip(names, PREDICTIONS.probs(task, names, in_scan=in_scan), strict=True))
     subtypes = [n for n in names if n != ANY] if task == "multilabel" else names[1:]
     return [(None, "p_lesion"), *((name, columns[name]) for name in subtypes)]
 
 
-def scan_objects(out: Path, scan, rows: pd.DataFrame, summary: pd.Series, provenance: Provenance, window,
-                 read_options: dict, findings: list[tuple[str | None, str]] = ((None, "p_lesion"),),
-                 threshold: float = THRESHOLD) -> dict[str, list | Exception]:  # fmt: skip
+def scan_objects(out: Path, scan, rows: pd.DataFrame, provenance: Provenance, window, read_options: dict,
+                 findings: list[tuple[str | None, str]] = ((None, "p_lesion"),), threshold: float = THRESHOLD, *,
+                 in_scan: bool = False) -> dict[str, list | Exception]:  # fmt: skip
     """The objects of one scan by kind (``pm``, ``seg``, ``sc``, ``sr``): each kind's datasets, or the exception that
     kept it from being made (highdicom refuses, say, a Parametric Map of sources without a FrameOfReferenceUID, which
     a Secondary Capture does not need), so that one kind's failure keeps none of the others from being written (the
-    SR, which references the Parametric Map and the SEG, needs both)."""
+    SR, which references the Parametric Map and the SEG, needs both). The scan's P(lesion) is its slices' highest
+    (``rows``' ``p_lesion``: read alone, or ``in_scan``, as the descriptions then say), as ``scans.csv`` takes it."""
     rows = rows.set_index("path").loc[[str(Path(p).resolve()) for p in scan.images]]  # scan order
     sources = [pydicom.dcmread(p, stop_before_pixels=True) for p in scan.images]
     maps = np.stack([np.load(out / r) for r in rows[PREDICTIONS.rollout]]).astype(np.float32)
     hu = np.stack([load_ct_slice(p, **read_options) for p in scan.images])
     region = half_max_region(torch.from_numpy(maps), torch.from_numpy(hu > HEAD_HU)).numpy()
-    prob, peak = float(summary[SCANS.prob]), int(summary[SCANS.peak_slice])
+    peak = int(np.argmax(rows["p_lesion"].to_numpy()))
+    prob = float(rows["p_lesion"].iloc[peak])
     peak_image = sources[peak].get("InstanceNumber", peak + 1)
-    text = f"P(lesion) {prob:.3f}, peak image {peak_image}"
+    text = f"P(lesion) {prob:.3f}{' in scan' if in_scan else ''}, peak image {peak_image}"
     makers = {
         "pm": lambda: [parametric_map(sources, maps, provenance, description=f"vit-ct rollout; {text}")],
         "seg": lambda: [segmentation(sources, region, provenance, description=f"vit-ct half-max; {text}")],
