@@ -14,6 +14,7 @@ convolution's kernels on them over those on the slice); and what each costs (fit
 machine).
 
     python -m benchmarks.context --patients 100 --slices 12
+    python -m benchmarks.context --patients 200 --split 0.35 0.075 0.575    # 70 scans to train on, 115 to test
     python -m benchmarks.context --rows alone inflated sequence both    # some rows only
 """
 
@@ -48,12 +49,14 @@ ROWS = {
 }
 
 
-def scan_set(folder: Path, patients: int, slices: int, spacing_mm: float, workers: int) -> Path:
-    """The scan set's manifest with the masks of its train and validation rows blanked (labels only, as the
-    recipe's user has them); the test rows keep theirs, for scoring the maps."""
+def scan_set(folder: Path, patients: int, slices: int, spacing_mm: float, workers: int,
+             split: tuple[float, float, float] = (0.7, 0.15, 0.15)) -> Path:  # fmt: skip
+    """The scan set's manifest (``split``: the shares of patients in train, validation and test) with the masks of
+    its train and validation rows blanked (labels only, as the recipe's user has them); the test rows keep theirs,
+    for scoring the maps."""
     manifest = write_pretraining_set(folder / "scans", n_patients=patients, slices_per_patient=slices, seed=SEED,
                                      config=CohortConfig(size=256), scan_spacing_mm=spacing_mm,
-                                     num_workers=workers)  # fmt: skip
+                                     split_fractions=split, num_workers=workers)  # fmt: skip
     rows = pd.read_csv(manifest, dtype=str, keep_default_na=False)
     rows.loc[rows["split"] != "test", "mask"] = ""
     labels_only = manifest.parent / "labels_only.csv"
@@ -117,6 +120,9 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> Path:
     parser.add_argument("--patients", type=int, default=100, help="patients of the scan set (default 100)")
     parser.add_argument("--slices", type=int, default=12, help="slices per scan (default 12)")
     parser.add_argument("--spacing_mm", type=float, default=5.0, help="distance between slices (default 5)")
+    parser.add_argument("--split", type=float, nargs=3, default=(0.7, 0.15, 0.15), metavar=("TRAIN", "VAL", "TEST"),
+                        help="shares of the patients in train, validation and test (default 0.7 0.15 0.15); a larger"
+                        " test share narrows the intervals at the same training cost")  # fmt: skip
     parser.add_argument("--epochs", type=int, default=20, help="fine-tuning epochs (default 20, the recipe's)")
     parser.add_argument("--folder", type=Path, default=Path("/tmp/vit-ct-context"), help="where the runs go")
     parser.add_argument("--num_workers", type=int, default=2, help="processes writing the scan set")
@@ -124,7 +130,8 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> Path:
                         help="the rows to run, the first the baseline of the time ratios (default: all)")  # fmt: skip
     args = parser.parse_args(argv)
     git, start = git_state(), time.perf_counter()
-    manifest = scan_set(args.folder, args.patients, args.slices, args.spacing_mm, args.num_workers)
+    manifest = scan_set(args.folder, args.patients, args.slices, args.spacing_mm, args.num_workers,
+                        tuple(args.split))  # fmt: skip
     results = [run_row(name, ROWS[name][1], manifest, args.folder, args.epochs) for name in args.rows]
     base = results[0]
     rows = [
@@ -138,7 +145,8 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> Path:
     figures = {f"{key}_{r['name']}": r[key] for r in results for key in ("auroc", "scan_auroc", "dice")}
     notes = {
         "set": f"{args.patients} simulated scans x {args.slices} slices {args.spacing_mm:g} mm apart (seed {SEED}),"
-        " split by patient 70/15/15; train and validation rows without masks",
+        f" split by patient {'/'.join(f'{100 * share:g}' for share in args.split)} (train/validation/test); train"
+        " and validation rows without masks",
         "results": results,
     }
     path = write_record("context", figures, command=command_line("benchmarks.context", argv),
