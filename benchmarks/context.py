@@ -1,7 +1,8 @@
 """Does reading a slice with its neighbours, or in its whole scan, help? The README's fine-tuning recipe side by side
 with and without ``data.context_mm`` (the neighbours' kernels starting at zero, or inflated: the slice's kernels spread
-over the three slices) and with a sequence head over the scan (``model.network.sequence``: scored on its reading of
-each slice in its scan, ``prob_in_scan``), on whole simulated scans where a bleed spans the slices it reaches.
+over the three slices) and with a sequence head over the scan (``model.network.sequence``, a GRU or a transformer:
+scored on its reading of each slice in its scan, ``prob_in_scan``), on whole simulated scans where a bleed spans the
+slices it reaches.
 
 One run writes a scan set that no training has seen (``python -m vit_ct.sim.pretraining --scan_spacing_mm``: the
 scanner-randomised cohort, its own seed, contiguous slices, each bleed a 3-D object), blanks the masks of its train and
@@ -45,6 +46,7 @@ ROWS = {
     "context": ("context 5 mm", CONTEXT),
     "inflated": ("context 5 mm, inflated start", INFLATED),
     "sequence": ("alone + sequence (in scan)", SEQUENCE),
+    "transformer": ("alone + transformer sequence (in scan)", ["--model.network.sequence", "transformer"]),
     "both": ("context 5 mm, inflated + sequence (in scan)", [*INFLATED, *SEQUENCE]),
 }
 

@@ -1,32 +1,49 @@
-"""The sequence head (vit_ct.model.sequence): each slice read in its scan, against a GRU run by hand on each scan in
-position order; its training memory, its loss, and the scan AUROC of slices read in scan."""
+"""The sequence heads (vit_ct.model.sequence): each slice read in its scan, against a GRU or a transformer run by hand
+on each scan in position order; its training memory, its loss, and the scan AUROC of slices read in scan."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
 from sklearn.metrics import roc_auc_score
 
 from vit_ct import ViTClassifier
-from vit_ct.model.sequence import ScanSequence, in_scan_logits, scan_order
+from vit_ct.model.sequence import ScanSequence, ScanTransformer, in_scan_logits, scan_order, sinusoid
 from vit_ct.task.scan_reading import EmbeddingMemory, scan_auroc_in_scan, training_in_scan
 
 NAN = float("nan")
 
 
-def trained(dim: int = 8, outputs: int = 2, seed: int = 0) -> ScanSequence:
+def trained(dim: int = 8, outputs: int = 2, seed: int = 0, kind: str = "gru") -> torch.nn.Module:
     """A sequence head whose correction is not zero (a fresh one's is), in eval mode (no dropout)."""
     torch.manual_seed(seed)
-    sequence = ScanSequence(dim, outputs, hidden=6)
+    sequence = ScanSequence(dim, outputs, hidden=6) if kind == "gru" else ScanTransformer(dim, outputs, width=12)
     torch.nn.init.normal_(sequence.out.weight)
     torch.nn.init.normal_(sequence.out.bias)
     return sequence.eval()
 
 
-def by_hand(sequence: ScanSequence, embeddings: torch.Tensor) -> torch.Tensor:
-    """The correction of one scan's slices, in order: the GRU over the whole sequence, unpadded."""
-    out, _ = sequence.gru(sequence.norm(embeddings)[None])
-    return sequence.out(out[0])
+def by_hand(sequence: torch.nn.Module, embeddings: torch.Tensor) -> torch.Tensor:
+    """The correction of one scan's slices, in order, unpadded: the GRU over the whole sequence, or the transformer's
+    blocks over the projected slices plus the encodings of their places."""
+    if isinstance(sequence, ScanSequence):
+        out, _ = sequence.gru(sequence.norm(embeddings)[None])
+        return sequence.out(out[0])
+    x = sequence.proj(sequence.norm(embeddings)) + sinusoid(len(embeddings), sequence.proj.out_features)
+    for block in sequence.encoder.layers:
+        x = block(x[None])[0]
+    return sequence.out(sequence.out_norm(x))
+
+
+def test_the_places_are_encoded_as_vaswani_et_al_write_them():
+    encoding = sinusoid(5, 6)
+    for place in range(5):
+        for i in range(3):
+            angle = place / 10_000 ** (2 * i / 6)
+            assert encoding[place, 2 * i] == pytest.approx(math.sin(angle), abs=1e-6)
+            assert encoding[place, 2 * i + 1] == pytest.approx(math.cos(angle), abs=1e-6)
 
 
 def test_scan_order_keeps_each_scans_rows_together_in_position_order():
@@ -37,15 +54,17 @@ def test_scan_order_keeps_each_scans_rows_together_in_position_order():
     assert slot.tolist() == [0, 1, 0, 1, 0, 0]
 
 
-def test_a_fresh_head_reads_every_slice_as_the_slice_network_does():
+@pytest.mark.parametrize("head", [ScanSequence, ScanTransformer])
+def test_a_fresh_head_reads_every_slice_as_the_slice_network_does(head):
     logits = torch.randn(7, 3)
-    out = in_scan_logits(ScanSequence(8, 3), torch.randn(7, 8), logits, torch.tensor([0, 0, 1, 1, 1, -1, 0]),
+    out = in_scan_logits(head(8, 3), torch.randn(7, 8), logits, torch.tensor([0, 0, 1, 1, 1, -1, 0]),
                          torch.arange(7.0))  # fmt: skip
     assert torch.equal(out, logits)
 
 
-def test_each_slice_in_scan_equals_a_gru_run_by_hand_over_its_scan_alone():
-    sequence = trained()
+@pytest.mark.parametrize("kind", ["gru", "transformer"])
+def test_each_slice_in_scan_equals_the_head_run_by_hand_over_its_scan_alone(kind):
+    sequence = trained(kind=kind)
     torch.manual_seed(1)
     volumes = torch.tensor([2, 0, 2, 0, -1, 2, 0, 2, 2])  # scans of 5 and 3 slices (padding), one slice alone
     positions = torch.tensor([40.0, 10.0, -5.0, 0.0, 3.0, 12.5, 5.0, 30.0, 0.0])
@@ -86,8 +105,9 @@ def test_training_reads_a_batch_with_the_remembered_slices_of_its_scans():
     assert torch.allclose(out, whole[[1, 3]], atol=1e-5)
 
 
-def test_the_model_scores_slices_in_scan_and_trains_the_head():
-    model = ViTClassifier.from_hparams(sequence="gru", img_size=32, in_chans=3, depth=1, embed_dim=16, num_heads=2)
+@pytest.mark.parametrize("kind", ["gru", "transformer"])
+def test_the_model_scores_slices_in_scan_and_trains_the_head(kind):
+    model = ViTClassifier.from_hparams(sequence=kind, img_size=32, in_chans=3, depth=1, embed_dim=16, num_heads=2)
     model.train()
     batch = {"image": torch.rand(4, 3, 32, 32), "label": torch.tensor([0, 1, -1, 1]), "index": torch.arange(4),
              "volume": torch.tensor([0, 0, 1, 1]), "position_mm": torch.tensor([0.0, 5.0, 0.0, 5.0]),

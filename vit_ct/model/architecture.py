@@ -32,7 +32,8 @@ class Network:
             as the weights read its slice, and every slice read uses the neighbours from the first step).
         sequence: ``gru``: read each slice in its scan as well as alone: a bidirectional GRU over the class-token
             embeddings of a scan's slices in position order adds a correction, zero at the start, to each slice's
-            logits (:mod:`vit_ct.model.sequence`); trained beside the slice classifier, which still reads a slice
+            logits (:mod:`vit_ct.model.sequence`); ``transformer``: the same with a two-block transformer encoder
+            over the scan's slices; trained beside the slice classifier, which still reads a slice
             alone and whose maps the rollout reads. Validation and test log each figure in scan too
             (``val/auroc_in_scan``, ``val/scan_auroc_in_scan``). None: each slice alone.
         stem: ``patch``: timm's linear patch embedding; ``conv``: a convolutional stem with the same token grid,
@@ -57,7 +58,7 @@ class Network:
     in_chans: int | None = None
     context_mm: float | None = None
     neighbour_start: Literal["zeros", "inflated"] = "zeros"
-    sequence: Literal["gru"] | None = None
+    sequence: Literal["gru", "transformer"] | None = None
     stem: Literal["patch", "conv"] | None = None
     embed_dim: int | None = None
     depth: int | None = None

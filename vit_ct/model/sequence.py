@@ -1,11 +1,12 @@
-"""Reading a slice in its scan: a small recurrent head over the slices' embeddings, in their order along the scan.
+"""Reading a slice in its scan: a small head over the slices' embeddings, in their order along the scan.
 
 The strong head-CT models read a scan in two stages: a slice network, then a sequence model over the slices'
 embeddings (the RSNA 2019 winners; Wu et al. 2024, a bidirectional LSTM over the scan). :class:`ScanSequence` is that
 second stage: a bidirectional GRU over the class-token embeddings of one scan's slices, ordered by position, gives
-each slice a correction to its own logits. The correction starts at zero, so that a network with a fresh sequence
-head reads every slice as the slice network alone does, and the slice network's logits (and its rollout maps) stay
-its own: the sequence adds to them, it does not replace them.
+each slice a correction to its own logits; :class:`ScanTransformer` is the same with a small transformer encoder
+(every slice attends to every other of its scan, their order given by sinusoidal encodings). The correction starts at
+zero, so that a network with a fresh sequence head reads every slice as the slice network alone does, and the slice
+network's logits (and its rollout maps) stay its own: the sequence adds to them, it does not replace them.
 
 :func:`in_scan_logits` runs it over any set of slices, grouped into scans by a scan number and ordered by position;
 a slice with no scan (-1) is a scan of one.
@@ -13,6 +14,7 @@ a slice with no scan (-1) is a scan of one.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -51,6 +53,56 @@ class ScanSequence(nn.Module):
         return self.out(out)
 
 
+class ScanTransformer(nn.Module):
+    """A transformer encoder over one scan's slice embeddings ``(S, L, D)`` -> a correction ``(S, L, outputs)`` to
+    each slice's logits: the embeddings projected to ``width``, a sinusoidal encoding of each slice's place in its
+    scan added (order, as the GRU reads it), ``depth`` pre-norm blocks of self-attention over the scan's slices
+    (padding masked), a zero-initialised output layer.
+
+    Args:
+        dim: The slice network's embedding width.
+        outputs: The logits per slice.
+        width: The encoder's width.
+        depth: Its blocks.
+        heads: Attention heads per block.
+        dropout: Dropout on the embeddings and in the blocks.
+    """
+
+    def __init__(self, dim: int, outputs: int, width: int = 128, depth: int = 2, heads: int = 4,
+                 dropout: float = 0.1) -> None:  # fmt: skip
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.drop = nn.Dropout(dropout)
+        self.proj = nn.Linear(dim, width)
+        block = nn.TransformerEncoderLayer(width, heads, 2 * width, dropout, batch_first=True, norm_first=True)
+        self.encoder = nn.TransformerEncoder(block, depth, enable_nested_tensor=False)
+        self.out_norm = nn.LayerNorm(width)
+        self.out = nn.Linear(width, outputs)
+        nn.init.zeros_(self.out.weight)  # a fresh head changes no logit: the scan starts as its slices read alone
+        nn.init.zeros_(self.out.bias)
+
+    def forward(self, embeddings: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Corrections ``(S, L, outputs)`` for ``S`` scans of ``lengths`` slices each, padded to ``L`` (no slice
+        attends to padding, so a scan reads the same whatever the padding)."""
+        x = self.proj(self.drop(self.norm(embeddings)))
+        x = x + sinusoid(embeddings.shape[1], x.shape[-1]).to(x)
+        padding = torch.arange(embeddings.shape[1], device=x.device)[None] >= lengths.to(x.device)[:, None]
+        return self.out(self.out_norm(self.encoder(x, src_key_padding_mask=padding)))
+
+
+def sinusoid(length: int, width: int) -> torch.Tensor:
+    """The sinusoidal encodings ``(length, width)`` of places ``0..length-1`` (Vaswani et al. 2017)."""
+    place = torch.arange(length, dtype=torch.float32)[:, None]
+    rate = torch.exp(torch.arange(0, width, 2, dtype=torch.float32) * (-math.log(10_000.0) / width))
+    encoding = torch.zeros(length, width)
+    encoding[:, 0::2] = torch.sin(place * rate)
+    encoding[:, 1::2] = torch.cos(place * rate[: width // 2])
+    return encoding
+
+
+SEQUENCES = {"gru": ScanSequence, "transformer": ScanTransformer}  # model.network.sequence -> its head
+
+
 def scan_order(scans: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """How to lay rows out as padded scans: rows of one scan together, in position order.
 
@@ -76,7 +128,7 @@ def scan_order(scans: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tens
 
 
 def in_scan_logits(
-    sequence: ScanSequence,
+    sequence: nn.Module,
     embeddings: torch.Tensor,
     logits: torch.Tensor,
     scans: torch.Tensor,

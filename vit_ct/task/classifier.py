@@ -26,7 +26,7 @@ from vit_ct.metrics.map_scores import MapMetrics
 from vit_ct.model.architecture import Network
 from vit_ct.model.hparams import check_hparams, predated_hparams, unstored_hparams
 from vit_ct.model.network import AirSkippingViT
-from vit_ct.model.sequence import ScanSequence, head_inputs
+from vit_ct.model.sequence import SEQUENCES, head_inputs
 from vit_ct.model.stem import ConvStemPatchEmbed, NeighbourKernels, split_neighbour_kernels
 from vit_ct.model.weights import choose_stem, load_start, read_start, start_architecture
 from vit_ct.model.weights_input import model_input, read_lightning_checkpoint, weights_input
@@ -181,7 +181,7 @@ class ViTClassifier(SeesAsCheckpointed):
         needs_head = h.patch_loss_weight > 0 or h.mil_loss_weight > 0 or h.evidence_attention
         self.patch_head = nn.Linear(self.vit.embed_dim, 1) if needs_head else None
         # each slice read in its scan too: a sequence over the slices' embeddings (vit_ct.model.sequence)
-        self.sequence = ScanSequence(self.vit.embed_dim, h.num_classes) if h.get("sequence") else None
+        self.sequence = SEQUENCES[h.sequence](self.vit.embed_dim, h.num_classes) if h.get("sequence") else None
         if h.grad_checkpointing:
             self.vit.set_grad_checkpointing(True)
 

@@ -20,10 +20,11 @@ import numpy as np
 import pandas as pd
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from vit_ct.data.manifests.labels import lesion_label
 from vit_ct.metrics.lesion_probability import lesion_scores, scan_auroc, scan_summary
-from vit_ct.model.sequence import ScanSequence, in_scan_logits
+from vit_ct.model.sequence import in_scan_logits
 
 VOLUME_KEYS = ("volume", "position_mm")
 
@@ -69,7 +70,7 @@ class EmbeddingMemory:
 
 
 def training_in_scan(
-    sequence: ScanSequence,
+    sequence: nn.Module,
     memory: EmbeddingMemory,
     batch: dict,
     embeddings: torch.Tensor,
@@ -159,7 +160,7 @@ def scan_auroc_in_scan(probs: torch.Tensor, rows: dict[str, torch.Tensor], task:
     return scan_auroc(scan_summary(slices, "volume"))  # a scan holds a lesion where one of its slices does
 
 
-def read_in_scan(sequence: ScanSequence, rows: dict[str, torch.Tensor]) -> torch.Tensor:
+def read_in_scan(sequence: nn.Module, rows: dict[str, torch.Tensor]) -> torch.Tensor:
     """The rows' logits in scan ``(n, C)`` (each scan read whole), on the sequence's device."""
     device = next(sequence.parameters()).device
     with torch.no_grad():
