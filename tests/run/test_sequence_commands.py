@@ -24,7 +24,7 @@ from vit_ct import ViTClassifier
 from vit_ct.cli import main
 from vit_ct.report.report_command import main as report_main
 from vit_ct.review.predict_run import open_predict_run
-from vit_ct.review.scan_view import plot_scan
+from vit_ct.review.scan_view import peak_slice, plot_scan, scans_by_probability
 
 DEMO = str(Path(__file__).resolve().parents[2] / "configs" / "demo.yaml")
 QUIET = ["--trainer.logger", "false", "--trainer.enable_progress_bar", "false"]
@@ -105,10 +105,12 @@ def test_fit_keeps_the_sequence_and_test_scores_each_slice_in_its_whole_scan(tmp
 
     # the review's scan view draws each slice read in its scan beside the slice alone
     run = open_predict_run(out)
+    assert scans_by_probability(run) == scans["prob"].sort_values(ascending=False, kind="stable").index.tolist()
     patient = rows["patient_id"].iloc[0]
     curves = {line.get_label(): line.get_ydata() for line in plot_scan(run, patient).axes[1].lines}
     expected = rows.assign(prob=prob, z=z).query("patient_id == @patient").sort_values("z")["prob"]
     np.testing.assert_allclose(curves["P(lesion) in its scan"], expected, atol=1e-4)
+    assert peak_slice(run.scan_slices(patient)) == int(np.argmax(expected.to_numpy()))  # the view opens on it
 
     # the report: the slices read in their scans as a model of its own beside the slices alone
     report_main([str(out), "--manifest", str(manifest), "--bootstrap", "20", "--output_dir", str(tmp_path / "report")])

@@ -24,8 +24,10 @@ from vit_ct.review.verdicts import LABEL_VERDICTS, MAP_VERDICTS, Verdicts, verdi
 
 
 def peak_slice(slices: pd.DataFrame) -> int:
-    """The position (in scan order) of the scan's most suspicious slice: the scan's probability is its."""
-    return int(np.argmax(slices[SCANS.p_lesion].to_numpy()))
+    """The position (in scan order) of the scan's most suspicious slice: the scan's probability is its. As the model
+    read the slices last: in their scan where it has a sequence head."""
+    final = SCANS.p_lesion_in_scan if SCANS.p_lesion_in_scan in slices else SCANS.p_lesion
+    return int(np.argmax(slices[final].to_numpy()))
 
 
 def plot_scan(
@@ -53,17 +55,18 @@ def plot_scan(
     image_ax.set_title(f"{scan}: slice {position + 1}/{len(slices)}  P(lesion) {row[SCANS.p_lesion]:.2f}{read}"
                        + ("" if pd.isna(label) else f"  label {int(label)}"), fontsize=9)  # fmt: skip
     probs = slices[SCANS.p_lesion].to_numpy()
+    top = int(np.argmax(probs))
     curve_ax.plot(np.arange(1, len(probs) + 1), probs, marker="o", color="tab:blue", label="P(lesion) per slice")
-    curve_ax.axhline(probs[peak], color="tab:red", linestyle="--", linewidth=1, label=f"scan {probs[peak]:.2f}")
-    curve_ax.plot(peak + 1, probs[peak], marker="*", markersize=14, color="tab:red", linestyle="none", label="peak")
+    curve_ax.axhline(probs[top], color="tab:red", linestyle="--", linewidth=1, label=f"scan {probs[top]:.2f}")
+    final = probs
     if SCANS.p_lesion_in_scan in slices:  # a sequence head: each slice read in its scan, and the scan's decision so
-        read = slices[SCANS.p_lesion_in_scan].to_numpy()
-        top = int(np.argmax(read))
-        curve_ax.plot(np.arange(1, len(read) + 1), read, marker="s", markersize=4, color="tab:orange",
+        final = slices[SCANS.p_lesion_in_scan].to_numpy()
+        curve_ax.plot(np.arange(1, len(final) + 1), final, marker="s", markersize=4, color="tab:orange",
                       label="P(lesion) in its scan")  # fmt: skip
         curve_ax.axhline(
-            read[top], color="tab:orange", linestyle=":", linewidth=1, label=f"scan in scan {read[top]:.2f}"
+            final[peak], color="tab:orange", linestyle=":", linewidth=1, label=f"scan in scan {final[peak]:.2f}"
         )
+    curve_ax.plot(peak + 1, final[peak], marker="*", markersize=14, color="tab:red", linestyle="none", label="peak")
     curve_ax.axvline(position + 1, color="grey", linewidth=1)
     curve_ax.set(xlabel="slice along the scan", ylabel="P(lesion)", xlim=(0.5, len(probs) + 0.5), ylim=(-0.02, 1.02))
     curve_ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))  # whole slices, one-slice scans too
@@ -141,13 +144,16 @@ def scan_browser(
 
 
 def scans_by_probability(run: PredictRun) -> list[str]:
-    """The run's scans, highest P(lesion) first (``scans.csv``'s, else each scan's peak slice's)."""
+    """The run's scans, highest P(lesion) first (``scans.csv``'s, else each scan's peak slice's): as the model read
+    them last, each slice in its scan where it has a sequence head."""
     if run.scans is not None and {SCANS.scan, SCANS.prob} <= set(run.scans.columns):
-        ranked = run.scans.sort_values(SCANS.prob, ascending=False, kind="stable")
+        prob = SCANS.prob_in_scan if SCANS.prob_in_scan in run.scans.columns else SCANS.prob
+        ranked = run.scans.sort_values(prob, ascending=False, kind="stable")
         return ranked[SCANS.scan].astype(str).tolist()
     if PREDICTIONS.scan not in run.slices:
         raise ValueError(f"{run.folder} has no scans: predict whole scans, or a manifest with a scan or patient_id")
-    peaks = run.slices.groupby(PREDICTIONS.scan)[SCANS.p_lesion].max().sort_values(ascending=False, kind="stable")
+    p_lesion = SCANS.p_lesion_in_scan if SCANS.p_lesion_in_scan in run.slices else SCANS.p_lesion
+    peaks = run.slices.groupby(PREDICTIONS.scan)[p_lesion].max().sort_values(ascending=False, kind="stable")
     return [str(s) for s in peaks.index]
 
 
