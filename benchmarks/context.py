@@ -6,16 +6,17 @@ slices it reaches.
 
 One run writes a scan set that no training has seen (``python -m vit_ct.sim.pretraining --scan_spacing_mm``: the
 scanner-randomised cohort, its own seed, contiguous slices, each bleed a 3-D object), blanks the masks of its train and
-validation rows (the recipe learns from labels only) and, for each row of the table, runs the real commands a user
-runs: ``vit-ct fit --config configs/finetune.yaml`` (the shipped weights, fine-tuned) with or without context, then
-``vit-ct predict`` on the test patients. Scored there: slice AUROC with a 95% interval from resampling patients, scan
-AUROC (a scan's highest slice probability), and the maps against the test masks (pointing, Dice of the half-maximum
-region: the rollout of the slice itself); how much the trained network reads the neighbours (the norm of its first
-convolution's kernels on them over those on the slice); and what each costs (fit and predict wall time on the same
-machine).
+validation rows (the recipe learns from labels only; ``--labels scan``: from one label per scan, no slice label) and,
+for each row of the table, runs the real commands a user runs: ``vit-ct fit --config configs/finetune.yaml`` (the
+shipped weights, fine-tuned) with or without context, then ``vit-ct predict`` on the test patients. Scored there:
+slice AUROC with a 95% interval from resampling patients, scan AUROC (a scan's highest slice probability), and the
+maps against the test masks (pointing, Dice of the half-maximum region: the rollout of the slice itself); how much
+the trained network reads the neighbours (the norm of its first convolution's kernels on them over those on the
+slice); and what each costs (fit and predict wall time on the same machine).
 
     python -m benchmarks.context --patients 100 --slices 12
     python -m benchmarks.context --patients 200 --split 0.35 0.075 0.575    # 70 scans to train on, 115 to test
+    python -m benchmarks.context --labels scan    # from one label per scan: the record context_scans
     python -m benchmarks.context --rows alone inflated sequence both    # some rows only
 """
 
@@ -66,10 +67,24 @@ def scan_set(folder: Path, patients: int, slices: int, spacing_mm: float, worker
     return labels_only
 
 
-def run_row(name: str, extra: list[str], manifest: Path, folder: Path, epochs: int) -> dict:
-    """Fit and predict one row (:data:`ROWS`); its scores on the test patients."""
-    run = folder / name
-    fit_s = timed_vit_ct("fit", "--config", FINETUNE, "--data.manifest", str(manifest), *extra,
+def scan_labels_only(manifest: Path) -> Path:
+    """The scan set as a report labels it: one label per scan (``scan_label``, 1 where any of its slices shows a
+    bleed), no slice label and no mask on any row; what the recipe then trains from by multiple-instance learning."""
+    rows = pd.read_csv(manifest, dtype=str, keep_default_na=False)
+    key = "scan" if "scan" in rows.columns else "patient_id"
+    lesion = rows["label"].astype(int) > 0
+    rows["scan_label"] = lesion.groupby(rows[key]).transform("max").astype(int)
+    out = manifest.with_name("scan_labels_only.csv")
+    rows.drop(columns=["label", "mask"]).to_csv(out, index=False)
+    return out
+
+
+def run_row(name: str, extra: list[str], manifest: Path, folder: Path, epochs: int, fit_manifest: Path | None = None,
+            suffix: str = "") -> dict:  # fmt: skip
+    """Fit and predict one row (:data:`ROWS`); its scores on the test patients (``fit_manifest``: the labels it
+    trains from, if not ``manifest``'s; ``suffix``: of its run folders)."""
+    run = folder / f"{name}{suffix}"
+    fit_s = timed_vit_ct("fit", "--config", FINETUNE, "--data.manifest", str(fit_manifest or manifest), *extra,
                          "--trainer.max_epochs", str(epochs), "--trainer.logger", "false",
                          "--trainer.enable_progress_bar", "false", "--test_after_fit", "false",
                          "--trainer.default_root_dir", str(run))  # fmt: skip
@@ -125,6 +140,9 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> Path:
     parser.add_argument("--split", type=float, nargs=3, default=(0.7, 0.15, 0.15), metavar=("TRAIN", "VAL", "TEST"),
                         help="shares of the patients in train, validation and test (default 0.7 0.15 0.15); a larger"
                         " test share narrows the intervals at the same training cost")  # fmt: skip
+    parser.add_argument("--labels", choices=("slice", "scan"), default="slice",
+                        help="what the fits learn from: a label per slice (default), or one per scan (scan_label, a"
+                        " report's verdict), the record then context_scans")  # fmt: skip
     parser.add_argument("--epochs", type=int, default=20, help="fine-tuning epochs (default 20, the recipe's)")
     parser.add_argument("--folder", type=Path, default=Path("/tmp/vit-ct-context"), help="where the runs go")
     parser.add_argument("--num_workers", type=int, default=2, help="processes writing the scan set")
@@ -134,7 +152,10 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> Path:
     git, start = git_state(), time.perf_counter()
     manifest = scan_set(args.folder, args.patients, args.slices, args.spacing_mm, args.num_workers,
                         tuple(args.split))  # fmt: skip
-    results = [run_row(name, ROWS[name][1], manifest, args.folder, args.epochs) for name in args.rows]
+    scans = args.labels == "scan"
+    fit_manifest, suffix = (scan_labels_only(manifest), "_scans") if scans else (None, "")
+    results = [run_row(name, ROWS[name][1], manifest, args.folder, args.epochs, fit_manifest, suffix)
+               for name in args.rows]  # fmt: skip
     base = results[0]
     rows = [
         [r["row"], r["auroc"], f"{r['low']:.3f}-{r['high']:.3f}", r["scan_auroc"], r["pointing"], r["dice"],
@@ -148,10 +169,11 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> Path:
     notes = {
         "set": f"{args.patients} simulated scans x {args.slices} slices {args.spacing_mm:g} mm apart (seed {SEED}),"
         f" split by patient {'/'.join(f'{100 * share:g}' for share in args.split)} (train/validation/test); train"
-        " and validation rows without masks",
+        " and validation rows without masks"
+        + ("; trained from one label per scan (scan_label), no slice label" if scans else ""),
         "results": results,
     }
-    path = write_record("context", figures, command=command_line("benchmarks.context", argv),
+    path = write_record(f"context{suffix}", figures, command=command_line("benchmarks.context", argv),
                         tables={"context": table(columns, rows, formats)}, seconds=time.perf_counter() - start,
                         notes=notes, git=git, **({"folder": records} if records else {}))  # fmt: skip
     print(json.dumps(results, indent=1))

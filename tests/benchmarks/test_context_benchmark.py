@@ -37,3 +37,20 @@ def test_a_tiny_run_trains_two_rows_and_records_what_the_predictions_say(tmp_pat
     checkpoint = json.loads((folder / "inflated" / "summary.json").read_text())["last_checkpoint"]
     config = (folder / "inflated" / "config.yaml").read_text()
     assert "context_mm: 5.0" in config and "neighbour_start: inflated" in config and checkpoint.endswith("last.ckpt")
+
+
+@pytest.mark.slow
+def test_scan_labels_train_from_one_label_per_scan_and_score_on_the_slices(tmp_path):
+    folder = tmp_path / "runs"
+    main(["--patients", "16", "--slices", "6", "--epochs", "1", "--num_workers", "1", "--folder", str(folder),
+          "--rows", "sequence", "--labels", "scan"], records=tmp_path / "records")  # fmt: skip
+    slices = pd.read_csv(folder / "scans" / "labels_only.csv")
+    trained_on = pd.read_csv(folder / "scans" / "scan_labels_only.csv")
+    assert "label" not in trained_on and "mask" not in trained_on
+    lesion = slices.groupby("patient_id")["label"].max().gt(0).astype(int)  # a scan per patient
+    per_scan = trained_on.groupby("patient_id")["scan_label"]
+    assert (per_scan.nunique() == 1).all() and per_scan.first().equals(lesion)
+    assert "scan_labels_only.csv" in (folder / "sequence_scans" / "config.yaml").read_text()
+    record = json.loads((tmp_path / "records" / "context_scans.json").read_text())
+    predicted = pd.read_csv(folder / "sequence_scans_predict" / "predictions.csv")  # scored on the slices' labels
+    assert np.isclose(record["figures"]["auroc_sequence"], roc_auc_score(predicted["label"], predicted["prob_in_scan"]))
