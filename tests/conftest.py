@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import lightning.pytorch
@@ -183,16 +184,28 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker("medium")
 
 
+# SIGINT and SIGTERM as this process started: Python's own handlers (captured before any test or fixture ran)
+SESSION_HANDLERS = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+
+
 @pytest.fixture(autouse=True)
 def _signal_handlers_as_they_were():
     """A test that runs a command in this process (vit-ct's or Lightning's handlers) or sets a handler of its own
-    leaves SIGINT and SIGTERM as it found them, so that no later test depends on the order the tests ran in (one that
-    expects Python's KeyboardInterrupt failed after another in the same worker)."""
-    before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    leaves SIGINT and SIGTERM as the session found them, so that no later test depends on the order the tests ran in
+    (one that expects Python's KeyboardInterrupt failed after another in the same worker). The session's handlers,
+    not the test's: a module-scoped fixture that runs a command in this process (tests/run/test_context.py) sets
+    vit-ct's handlers before any test's own fixtures start. Each test starts so too, the two signals unblocked."""
+
+    def as_the_session_found_them():
+        for signum, handler in SESSION_HANDLERS.items():
+            if signal.getsignal(signum) is not handler and handler is not None:
+                signal.signal(signum, handler)
+        if threading.current_thread() is threading.main_thread():
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, SESSION_HANDLERS)
+
+    as_the_session_found_them()
     yield
-    for signum, handler in before.items():
-        if signal.getsignal(signum) is not handler and handler is not None:
-            signal.signal(signum, handler)
+    as_the_session_found_them()
 
 
 @pytest.fixture(autouse=True)
