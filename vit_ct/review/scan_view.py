@@ -23,11 +23,15 @@ from vit_ct.review.predict_run import PredictRun
 from vit_ct.review.verdicts import LABEL_VERDICTS, MAP_VERDICTS, Verdicts, verdict_summary
 
 
+def final_reading(slices: pd.DataFrame) -> str:
+    """The column of P(lesion) as the model read the slices last: in their scan where it has a sequence head."""
+    return SCANS.p_lesion_in_scan if SCANS.p_lesion_in_scan in slices else SCANS.p_lesion
+
+
 def peak_slice(slices: pd.DataFrame) -> int:
-    """The position (in scan order) of the scan's most suspicious slice: the scan's probability is its. As the model
-    read the slices last: in their scan where it has a sequence head."""
-    final = SCANS.p_lesion_in_scan if SCANS.p_lesion_in_scan in slices else SCANS.p_lesion
-    return int(np.argmax(slices[final].to_numpy()))
+    """The position (in scan order) of the scan's most suspicious slice (:func:`final_reading`): the scan's
+    probability is its."""
+    return int(np.argmax(slices[final_reading(slices)].to_numpy()))
 
 
 def plot_scan(
@@ -58,9 +62,8 @@ def plot_scan(
     top = int(np.argmax(probs))
     curve_ax.plot(np.arange(1, len(probs) + 1), probs, marker="o", color="tab:blue", label="P(lesion) per slice")
     curve_ax.axhline(probs[top], color="tab:red", linestyle="--", linewidth=1, label=f"scan {probs[top]:.2f}")
-    final = probs
+    final = slices[final_reading(slices)].to_numpy()
     if SCANS.p_lesion_in_scan in slices:  # a sequence head: each slice read in its scan, and the scan's decision so
-        final = slices[SCANS.p_lesion_in_scan].to_numpy()
         curve_ax.plot(np.arange(1, len(final) + 1), final, marker="s", markersize=4, color="tab:orange",
                       label="P(lesion) in its scan")  # fmt: skip
         curve_ax.axhline(
@@ -152,8 +155,8 @@ def scans_by_probability(run: PredictRun) -> list[str]:
         return ranked[SCANS.scan].astype(str).tolist()
     if PREDICTIONS.scan not in run.slices:
         raise ValueError(f"{run.folder} has no scans: predict whole scans, or a manifest with a scan or patient_id")
-    p_lesion = SCANS.p_lesion_in_scan if SCANS.p_lesion_in_scan in run.slices else SCANS.p_lesion
-    peaks = run.slices.groupby(PREDICTIONS.scan)[p_lesion].max().sort_values(ascending=False, kind="stable")
+    peaks = run.slices.groupby(PREDICTIONS.scan)[final_reading(run.slices)].max()
+    peaks = peaks.sort_values(ascending=False, kind="stable")
     return [str(s) for s in peaks.index]
 
 
