@@ -1,8 +1,9 @@
 """Does reading a slice with its neighbours, or in its whole scan, help? The README's fine-tuning recipe side by side
 with and without ``data.context_mm`` (the neighbours' kernels starting at zero, or inflated: the slice's kernels spread
 over the three slices) and with a sequence head over the scan (``model.network.sequence``, a GRU or a transformer:
-scored on its reading of each slice in its scan, ``prob_in_scan``), on whole simulated scans where a bleed spans the
-slices it reaches.
+scored on its reading of each slice in its scan, ``prob_in_scan``), or from the weights pretrained to read a slice in
+its scan (``scan_weights``: ``vit-ct/headct-tiny-256-scan``, ``configs/pretrain_scan.yaml``), on whole simulated scans
+where a bleed spans the slices it reaches.
 
 One run writes a scan set that no training has seen (``python -m vit_ct.sim.pretraining --scan_spacing_mm``: the
 scanner-randomised cohort, its own seed, contiguous slices, each bleed a 3-D object), blanks the masks of its train and
@@ -18,6 +19,7 @@ slice); and what each costs (fit and predict wall time on the same machine).
     python -m benchmarks.context --patients 200 --split 0.35 0.075 0.575    # 70 scans to train on, 115 to test
     python -m benchmarks.context --labels scan    # from one label per scan: the record context_scans
     python -m benchmarks.context --rows alone inflated sequence both    # some rows only
+    python -m benchmarks.context --rows alone transformer scan_weights --record context_weights
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ SEED = 20_261_207  # a seed family no training of the project draws from
 CONTEXT = ["--data.init_args.context_mm", "5"]
 INFLATED = [*CONTEXT, "--model.network.neighbour_start", "inflated"]
 SEQUENCE = ["--model.network.sequence", "gru"]
+SCAN_WEIGHTS = "vit-ct/headct-tiny-256-scan"
 # name -> (the table's row, the fit's extra arguments); the name is the run's folder and the figures' suffix
 ROWS = {
     "alone": ("alone", []),
@@ -49,6 +52,11 @@ ROWS = {
     "sequence": ("alone + sequence (in scan)", SEQUENCE),
     "transformer": ("alone + transformer sequence (in scan)", ["--model.network.sequence", "transformer"]),
     "both": ("context 5 mm, inflated + sequence (in scan)", [*INFLATED, *SEQUENCE]),
+    # weights pretrained to read a slice in its scan (configs/pretrain_scan.yaml): their context comes with them
+    "scan_weights": (
+        "headct-tiny-256-scan: context 5 mm + transformer (in scan)",
+        ["--model.pretrained", SCAN_WEIGHTS, "--model.network.sequence", "transformer"],
+    ),
 }
 
 
@@ -146,6 +154,7 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> Path:
     parser.add_argument("--epochs", type=int, default=20, help="fine-tuning epochs (default 20, the recipe's)")
     parser.add_argument("--folder", type=Path, default=Path("/tmp/vit-ct-context"), help="where the runs go")
     parser.add_argument("--num_workers", type=int, default=2, help="processes writing the scan set")
+    parser.add_argument("--record", help="the record's name (default context, or context_scans with --labels scan)")
     parser.add_argument("--rows", nargs="+", choices=list(ROWS), default=list(ROWS),
                         help="the rows to run, the first the baseline of the time ratios (default: all)")  # fmt: skip
     args = parser.parse_args(argv)
@@ -173,7 +182,7 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> Path:
         + ("; trained from one label per scan (scan_label), no slice label" if scans else ""),
         "results": results,
     }
-    path = write_record(f"context{suffix}", figures, command=command_line("benchmarks.context", argv),
+    path = write_record(args.record or f"context{suffix}", figures, command=command_line("benchmarks.context", argv),
                         tables={"context": table(columns, rows, formats)}, seconds=time.perf_counter() - start,
                         notes=notes, git=git, **({"folder": records} if records else {}))  # fmt: skip
     print(json.dumps(results, indent=1))

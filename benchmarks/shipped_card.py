@@ -39,12 +39,41 @@ FIGURES = ("auroc", "pointing", "pixel_auroc", "dice", "hd95_mm", "perfect_patch
 
 
 def card_test_set(tag: str, root: Path, *, num_workers: int = 1, progress: bool = True) -> Path:
-    """The card's test set under ``root`` (written once; the simulator continues an interrupted one)."""
+    """The card's test set under ``root`` (written once; the simulator continues an interrupted one): whole scans
+    (every patient in the test split) where the card names their ``scan_spacing_mm``."""
     spec = shipped.card(tag)["card_test"]
+    spacing = spec.get("scan_spacing_mm")
+    scans = {"scan_spacing_mm": spacing, "split_fractions": (0.0, 0.0, 1.0)} if spacing else {}
     return write_pretraining_set(
         root, n_patients=spec["patients"], slices_per_patient=spec["slices_per_patient"], seed=spec["seed"],
-        num_workers=num_workers, progress=progress,
+        num_workers=num_workers, progress=progress, **scans,
     )  # fmt: skip
+
+
+def measure_in_scan(tag: str, manifest: Path, *, batch_size: int = 48, progress: bool = True) -> dict[str, float]:
+    """The card's figures of shipped weights that read a slice in its scan, on every slice of ``manifest``'s test
+    split, in fp32, through Lightning's test loop as ``vit-ct test`` runs it: each slice with the neighbours its card
+    names, read alone (``auroc``) and in its scan by the weights' sequence head (``auroc_in_scan``; a scan's
+    probability its slices' highest, ``scan_auroc_in_scan``), its rollout (one pass, as :func:`measure` reads it)
+    against its own lesion mask."""
+    import lightning as L
+
+    from vit_ct.data.loading.datamodule import CTSliceDataModule
+
+    model = ViTClassifier.from_hparams(pretrained=tag, sequence=shipped.architecture(tag).get("sequence")).eval()
+    data = CTSliceDataModule.from_contract(model.input_contract, manifest=str(manifest), batch_size=batch_size,
+                                           num_workers=0)  # fmt: skip
+    trainer = L.Trainer(accelerator="cpu", devices=1, precision="32-true", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=progress, enable_model_summary=False)  # fmt: skip
+    trainer.test(model, datamodule=data, verbose=False)
+    logged = {name: float(value) for name, value in trainer.callback_metrics.items()}
+    table = data.datasets["test"].table
+    return {
+        **{name: logged[f"test/{name}"] for name in ("auroc", "auroc_in_scan", "scan_auroc_in_scan")},
+        **{name: logged[f"test/rollout_{name}"] for name in ("pointing", "pixel_auroc", "dice", "hd95_mm")},
+        "slices": int(len(table)),
+        "lesion_slices": int((table["label"].astype(int) > 0).sum()),
+    }
 
 
 def measure(
@@ -112,7 +141,8 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> dict[str
     else:
         manifest, split = card_test_set(args.tag, args.root, num_workers=args.num_workers), None
     written = time.perf_counter()
-    figures = measure(args.tag, manifest, split=split)
+    in_scan = shipped.card(args.tag)["architecture"].get("sequence") and not args.pretraining_set
+    figures = measure_in_scan(args.tag, manifest) if in_scan else measure(args.tag, manifest, split=split)
     print(f"measured on {describe_machine()}, fp32, {torch.get_num_threads()} threads")
     print(pd.Series(figures).to_string())
     if records is not None:

@@ -18,12 +18,13 @@ from benchmarks.context import main
 def test_a_tiny_run_trains_two_rows_and_records_what_the_predictions_say(tmp_path):
     folder = tmp_path / "runs"
     main(["--patients", "16", "--slices", "6", "--epochs", "1", "--num_workers", "1", "--folder", str(folder),
-          "--rows", "inflated", "both", "--split", "0.5", "0.125", "0.375"], records=tmp_path / "records")  # fmt: skip
+          "--rows", "inflated", "both", "--split", "0.5", "0.125", "0.375", "--record", "context_rows"],
+         records=tmp_path / "records")  # fmt: skip
     manifest = pd.read_csv(folder / "scans" / "labels_only.csv", dtype=str, keep_default_na=False)
     assert (manifest.loc[manifest["split"] != "test", "mask"] == "").all()
     assert (manifest.loc[manifest["split"] == "test", "mask"] != "").all()
     assert manifest.groupby("split")["patient_id"].nunique().to_dict() == {"train": 8, "val": 2, "test": 6}
-    record = json.loads((tmp_path / "records" / "context.json").read_text())
+    record = json.loads((tmp_path / "records" / "context_rows.json").read_text())  # the name --record gives
     rows = record["tables"]["context"]["rows"]
     assert [row[0] for row in rows] == ["context 5 mm, inflated start", "context 5 mm, inflated + sequence (in scan)"]
     assert rows[0][-2:] == [1.0, 1.0]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import DEMO_LEVERS
+from conftest import DEMO_LEVERS, ROOT, TINY_MODEL_ARGS, tiny_data_args
 from npy_manifest import manifest_args, write_npy_manifest
 from safetensors.torch import load_file
 
@@ -95,6 +95,35 @@ def test_a_command_with_a_checkpoint_ignores_the_start_weights_its_config_names(
                     "--ckpt_path", str(other), "--output_dir", str(tmp_path / "out")])  # fmt: skip
     assert len(cli.model.vit.blocks) == 1 and (tmp_path / "out" / "predictions.csv").is_file()
     assert any("model.pretrained: None (the checkpoint" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.medium
+def test_weights_that_read_a_slice_in_its_scan_ship_their_neighbours_and_their_sequence(tmp_path, monkeypatch):
+    """Weights trained with neighbours and a sequence head ship both: the card names the context and the head, and a
+    model built by name reads the neighbours and takes the head as trained; one without the head is told so."""
+    manifest = tmp_path / "data" / "manifest.csv"
+    main(["fit", "--config", str(ROOT / "configs" / "demo.yaml"), *tiny_data_args(manifest), *TINY_MODEL_ARGS,
+          *NO_LOGGER, "--trainer.max_epochs", "1", "--test_after_fit", "false", "--trainer.enable_progress_bar",
+          "false", "--trainer.default_root_dir", str(tmp_path / "run"), "--data.init_args.context_mm", "5",
+          "--model.network.sequence", "transformer"])  # fmt: skip
+    folder = tmp_path / "pretrained"
+    folder.mkdir()
+    monkeypatch.setattr(shipped, "FOLDER", folder)
+    checkpoint = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    shipped.export(checkpoint, "scan", {"version": "0.1"}, folder)
+    card = shipped.card("vit-ct/scan")
+    assert card["architecture"]["sequence"] == "transformer" and card["input"]["context_mm"] == 5.0
+    trained = torch.load(checkpoint, weights_only=True)["state_dict"]
+    model = ViTClassifier.from_hparams(pretrained="vit-ct/scan", sequence="transformer")
+    assert model.input_contract.context_mm == 5.0 and model.hparams.in_chans == 3 * len(card["input"]["windows"])
+    heads = [key for key in trained if key.startswith("sequence.")]
+    assert heads and trained["sequence.out.weight"].abs().sum() > 0  # trained away from its zero start
+    for key in heads:
+        torch.testing.assert_close(model.state_dict()[key], trained[key].half().float())
+    unused = r"vit-ct/scan: the weights' sequence head over the scan \(\d+ tensors\) is not used"
+    with pytest.warns(UserWarning, match=unused):
+        alone = ViTClassifier.from_hparams(pretrained="vit-ct/scan")
+    assert alone.sequence is None
 
 
 SHIPPED = "vit-ct/headct-tiny-256"

@@ -9,9 +9,9 @@ from typing import Any
 # The hyper-parameters that shape the network, its input and outputs aside: what a network started from weights (a
 # vit-ct checkpoint's, shipped ones) takes from them, so that they fit.
 NETWORK = ("arch", "patch_size", "stem", "embed_dim", "depth", "num_heads", "reg_tokens", "mask_air")
-# With the input it is built for and its outputs: everything that builds the network, recorded in a shipped model's
-# card so that its weights load into the right one.
-ARCHITECTURE = (*NETWORK, "img_size", "in_chans", "num_classes")
+# With the input it is built for, its outputs and the sequence head over the scan: everything that builds the
+# network, recorded in a shipped model's card so that its weights load into the right one.
+ARCHITECTURE = (*NETWORK, "img_size", "in_chans", "num_classes", "sequence")
 
 # Hyper-parameters that did not exist when older checkpoints were written, with the value those were trained with
 # (vit-ct's defaults have changed since).

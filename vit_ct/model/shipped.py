@@ -51,7 +51,8 @@ def card(tag: str) -> dict[str, Any]:
 
 
 def weights_file(tag: str) -> Path:
-    """The safetensors file of shipped weights (network keys, the patch head's as ``patch_head.*``)."""
+    """The safetensors file of shipped weights (network keys; the patch head's as ``patch_head.*``, a sequence head's as
+    ``sequence.*``)."""
     card(tag)
     return FOLDER / f"{tag.removeprefix(PREFIX)}.safetensors"
 
@@ -141,7 +142,7 @@ def export(
     state = {  # float16 weights; integer buffers (batch norm's counts) as they are
         key.removeprefix("vit."): (value.half() if value.is_floating_point() else value).contiguous()
         for key, value in checkpoint["state_dict"].items()
-        if key.startswith(("vit.", "patch_head."))
+        if key.startswith(("vit.", "patch_head.", "sequence."))
     }
     document = {
         "name": PREFIX + name,

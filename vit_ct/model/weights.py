@@ -309,6 +309,11 @@ def load_state(
     model.load_state_dict(remapped, strict=False)
     if missing:
         rank_zero_warn(_fresh_start(source, missing, given, target, vit_prefix))
+    unread = [key for key in state if key.startswith("sequence.") and key not in remapped]
+    if unread:  # weights trained to read each slice in its scan, into a model without that head (or another kind)
+        rank_zero_warn(f"{source}: the weights' sequence head over the scan ({len(unread)} tensors) is not used: this"
+                       " model has none of its kind (--model.network.sequence as the weights' card names it reads"
+                       " each slice in its scan as they were trained)")  # fmt: skip
     return missing
 
 
