@@ -124,6 +124,15 @@ def test_weights_that_read_a_slice_in_its_scan_ship_their_neighbours_and_their_s
     with pytest.warns(UserWarning, match=unused):
         alone = ViTClassifier.from_hparams(pretrained="vit-ct/scan")
     assert alone.sequence is None
+    # through the commands: a config's context null gives way to the weights' (so a fine-tune reads the neighbours the
+    # weights were trained on); typed on the command line, it is kept
+    base = ["fit", "--config", str(ROOT / "configs" / "demo.yaml"), *tiny_data_args(manifest), *NO_LOGGER,
+            "--trainer.max_epochs", "0", "--trainer.default_root_dir", str(tmp_path / "fits"), "--model.pretrained",
+            "vit-ct/scan", "--model.network.sequence", "transformer"]  # fmt: skip
+    followed = main(base)
+    assert followed.datamodule.context_mm == 5.0 and followed.model.hparams.in_chans == card["input"]["in_chans"]
+    kept = main([*base, "--data.init_args.context_mm", "null"])
+    assert kept.datamodule.context_mm is None and kept.model.input_contract.context_mm is None
 
 
 SHIPPED = "vit-ct/headct-tiny-256"
@@ -163,7 +172,12 @@ def test_export_takes_the_cards_figures_from_a_record_of_these_weights_only(expo
         shipped.main(["export", str(exported[1]), "--name", "tiny", "--card", str(fields), "--folder", str(folder)])
 
 
-def test_the_cards_figures_are_the_record_of_a_scoring_of_these_very_weights():
+SCAN = "vit-ct/headct-tiny-256-scan"  # pretrained further to read a slice in its scan (configs/pretrain_scan.yaml)
+CARD_RECORDS = [(SHIPPED, "shipped_card"), (SCAN, "shipped_card_scan")]
+
+
+@pytest.mark.parametrize(("tag", "record_name"), CARD_RECORDS)
+def test_the_cards_figures_are_the_record_of_a_scoring_of_these_very_weights(tag, record_name):
     from benchmarks.recording import read_record
 
     card_page = (Path(__file__).resolve().parents[2] / "docs" / "reference.md").read_text()  # the card's table
@@ -172,36 +186,45 @@ def test_the_cards_figures_are_the_record_of_a_scoring_of_these_very_weights():
     other = re.search(r"another CPU kind within ([0-9.e-]+) and ([0-9.]+) mm", card_page)
     assert other and (float(other[1]), float(other[2])) == (OTHER_CPU_SCORE_TOLERANCE, OTHER_CPU_HD95_TOLERANCE_MM)
 
-    card, record = shipped.card(SHIPPED)["card_test"], read_record("shipped_card")
+    card, record = shipped.card(tag)["card_test"], read_record(record_name)
     assert card["figures"] == record["figures"] and card["measured"]["date"] == record["date"]
-    assert record["notes"]["weights_sha256"] == shipped.weights_sha256(shipped.weights_file(SHIPPED))
+    assert record["notes"]["weights_sha256"] == shipped.weights_sha256(shipped.weights_file(tag))
     assert record["notes"]["precision"] == "32-true" and card["measured"]["precision"] == "32-true"
-    spec = {key: card[key] for key in ("patients", "slices_per_patient", "seed")}
+    spec = {key: value for key, value in card.items() if key not in ("figures", "measured")}
     assert record["notes"]["card_test"] == spec  # the set the figures were measured on is the one the card names
 
 
 def test_the_package_ships_its_head_ct_weights_with_a_card():
-    assert SHIPPED in shipped.shipped_names()
-    card = shipped.card(SHIPPED)
-    for field in ("version", "licence", "data", "recipe", "not_for", "card_test", "input", "architecture"):
-        assert card.get(field), field
-    assert card["input"]["img_size"] == 256 and len(card["input"]["windows"]) == 2
-    assert shipped.weights_file(SHIPPED).stat().st_size <= 25 * 2**20  # half precision, at most 25 MB
+    assert shipped.shipped_names() == [SHIPPED, SCAN]
+    for tag in (SHIPPED, SCAN):
+        card = shipped.card(tag)
+        for field in ("version", "licence", "data", "recipe", "not_for", "card_test", "input", "architecture"):
+            assert card.get(field), (tag, field)
+        assert card["input"]["img_size"] == 256 and len(card["input"]["windows"]) == 2
+        assert shipped.weights_file(tag).stat().st_size <= 25 * 2**20  # half precision, at most 25 MB
+    scan = shipped.card(SCAN)
+    assert scan["input"]["context_mm"] == 5.0 and scan["input"]["in_chans"] == 6  # two windows of three slices
+    assert scan["architecture"]["sequence"] == "transformer" and scan["card_test"]["scan_spacing_mm"] == 5.0
+    assert any(key.startswith("sequence.") for key in load_file(str(shipped.weights_file(SCAN))))
 
 
 @pytest.mark.slow
-def test_the_shipped_weights_reproduce_their_cards_figures_on_the_card_test_set(tmp_path):
-    """Offline, by name: the card test set regenerated from the seed the card names, scored as the card was."""
+@pytest.mark.parametrize("tag", [SHIPPED, SCAN])
+def test_the_shipped_weights_reproduce_their_cards_figures_on_the_card_test_set(tag, tmp_path):
+    """Offline, by name: the card test set regenerated from the seed the card names, scored as the card was (weights
+    with a sequence head: each slice with its neighbours and in its scan, through the test loop)."""
 
     from benchmarks import shipped_card as card_benchmark
     from vit_ct.run.hardware import cpu_has_native_bf16, cpu_model
 
-    expected, measured = shipped.card(SHIPPED)["card_test"]["figures"], shipped.card(SHIPPED)["card_test"]["measured"]
+    expected, measured = shipped.card(tag)["card_test"]["figures"], shipped.card(tag)["card_test"]["measured"]
     card_cpu = measured["cpu"] in cpu_model() and measured["native_bf16"] == cpu_has_native_bf16()
     scores, hd95 = ((SCORE_TOLERANCE, HD95_TOLERANCE_MM) if card_cpu
                     else (OTHER_CPU_SCORE_TOLERANCE, OTHER_CPU_HD95_TOLERANCE_MM))  # fmt: skip
-    manifest = card_benchmark.card_test_set(SHIPPED, tmp_path / "card-test", num_workers=2, progress=False)
-    figures = card_benchmark.measure(SHIPPED, manifest, progress=False)
+    manifest = card_benchmark.card_test_set(tag, tmp_path / "card-test", num_workers=2, progress=False)
+    in_scan = shipped.architecture(tag).get("sequence")
+    measure = card_benchmark.measure_in_scan if in_scan else card_benchmark.measure
+    figures = measure(tag, manifest, progress=False)
     assert set(figures) == set(expected)  # every figure the card states
     for name, value in expected.items():
         if isinstance(value, int):

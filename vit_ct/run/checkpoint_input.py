@@ -70,7 +70,7 @@ def follow_checkpoint(config: Namespace, *, command_line: Sequence[str] = ()) ->
             shown = f"{own}, {hparams.get('arch')}'s own" if own is not None else repr(value)
             lines.append(f"network follows the {source}: model.network.{name}: {shown} (the network of the weights"
                          f" {path}; the config said {said!r})")  # fmt: skip
-    lines += _follow_context(data, found, config.model.network.get("neighbour_start") or "zeros")
+    lines += _follow_context(data, found, config.model.network.get("neighbour_start") or "zeros", command_line)
     for name, value in contract.data_arguments().items():
         if name == "context_mm" or name not in data or _same(name, data[name], value):
             continue
@@ -96,16 +96,19 @@ def follow_checkpoint(config: Namespace, *, command_line: Sequence[str] = ()) ->
     return lines
 
 
-def _follow_context(data: Namespace, found: WeightsInput, neighbour_start: str = "zeros") -> list[str]:
-    """The context of a command's data: a checkpoint's own (it reads slices as it was trained); with start weights,
-    the data's as configured (a fine-tune may add neighbours to weights of single slices, or read a context start's
-    slices alone), said in one line where it differs from theirs."""
+def _follow_context(
+    data: Namespace, found: WeightsInput, neighbour_start: str = "zeros", command_line: Sequence[str] = ()
+) -> list[str]:
+    """The context of a command's data: a checkpoint's own (it reads slices as it was trained); with start weights
+    that read neighbours, theirs where a config leaves it at None; else the data's as configured (a fine-tune may add
+    neighbours to weights of single slices, or, typed on the command line, read a context start's slices alone),
+    said in one line where it differs from theirs."""
     if "context_mm" not in data:
         return []  # a data module without neighbours (e.g. the pretraining cohort's)
     given, theirs = data["context_mm"], found.contract.context_mm
     if given == theirs:
         return []
-    if found.kind == "ckpt_path":
+    if found.kind == "ckpt_path" or (given is None and not _typed(command_line, "context_mm")):
         data["context_mm"] = theirs
         return [f"input follows the {found.source}: data.context_mm: {theirs!r} (as {found.path} was trained; the"
                 f" config said {given!r})"]  # fmt: skip
