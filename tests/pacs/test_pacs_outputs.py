@@ -5,7 +5,6 @@ while storing leaves the record of every file."""
 from __future__ import annotations
 
 import http.server
-import os
 import signal
 import threading
 from pathlib import Path
@@ -86,7 +85,8 @@ def test_ctrl_c_while_storing_reports_every_file(tmp_path):
     server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), _SlowStow)
     server.posted, server.release = threading.Event(), threading.Event()
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    timer = threading.Thread(target=lambda: server.posted.wait(10) and os.kill(os.getpid(), signal.SIGINT))
+    main_thread = threading.main_thread().ident  # Ctrl-C reaches the main thread, blocked in the request
+    timer = threading.Thread(target=lambda: server.posted.wait(10) and signal.pthread_kill(main_thread, signal.SIGINT))
     timer.start()
     try:
         with pytest.raises(StoreInterrupted) as interrupted:
