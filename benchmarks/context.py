@@ -20,6 +20,12 @@ slice); and what each costs (fit and predict wall time on the same machine).
     python -m benchmarks.context --labels scan    # from one label per scan: the record context_scans
     python -m benchmarks.context --rows alone inflated sequence both    # some rows only
     python -m benchmarks.context --rows alone transformer scan_weights --record context_weights
+    python -m benchmarks.context --family far --rows alone transformer scan_weights    # the record context_far
+
+``--family near`` / ``far``: the scans drawn with the scanner and lesion mix of a held-out family of
+``benchmarks.small_data`` (``HELDOUT``: sharp ramp / Shepp-Logan kernels, low dose, strong beam hardening;
+``HELDOUT_FAR``: 1.25 mm pixels and an edge-enhancing kernel sharper than any pretraining draws), every patient on
+that scanner; the anatomy, slice thickness, motion and calibration the cohort's. Its own seed and folder.
 """
 
 from __future__ import annotations
@@ -34,12 +40,19 @@ import pandas as pd
 import torch
 
 from benchmarks.recording import ROOT, command_line, git_state, table, timed_vit_ct, write_record
-from benchmarks.small_data import patient_bootstrap_auroc, scan_auroc
+from benchmarks.small_data import HELDOUT_FAMILIES, patient_bootstrap_auroc, scan_auroc
 from vit_ct.sim.cohort import CohortConfig
+from vit_ct.sim.phantom import PhantomConfig
 from vit_ct.sim.pretraining import write_pretraining_set
+from vit_ct.sim.projector import Kernel
+from vit_ct.sim.protocol import ScannerConfig
 
 FINETUNE = str(ROOT / "configs" / "finetune.yaml")
 SEED = 20_261_207  # a seed family no training of the project draws from
+FAMILY_SEEDS = {"cohort": SEED, "near": SEED + 1, "far": SEED + 2}
+# A named filter as the continuous kernel closest to it: the ramp unapodised (its response at Nyquist 0.97),
+# Shepp-Logan's sinc as the Gaussian with the same response at Nyquist (0.64)
+NAMED_KERNELS = {"ramp": Kernel(5.0), "shepp-logan": Kernel(1.25)}
 CONTEXT = ["--data.init_args.context_mm", "5"]
 INFLATED = [*CONTEXT, "--model.network.neighbour_start", "inflated"]
 SEQUENCE = ["--model.network.sequence", "gru"]
@@ -60,13 +73,34 @@ ROWS = {
 }
 
 
+def family_cohort(phantom: PhantomConfig) -> CohortConfig:
+    """Whole scans drawn as a held-out family of single slices is: its pixel size, kernels (the range their
+    sharpness and edge boost span), dose, beam hardening and lesion contrast and size, on every patient; the rest the
+    cohort's (anatomy, bleed kinds, slice thickness, motion, rings, calibration)."""
+    kernels = [NAMED_KERNELS[k] if isinstance(k, str) else k for k in phantom.kernels]
+    half, boost = [k.half_response for k in kernels], [k.edge_boost for k in kernels]
+    scanner = ScannerConfig(
+        pixel_spacing_mm_range=(phantom.pixel_spacing_mm, phantom.pixel_spacing_mm),
+        half_response_range=(min(half), max(half)),
+        edge_boost_range=(min(boost), max(boost)),
+        window_kernel_fraction=0.0,
+        photons_per_ray_range=phantom.photons_per_ray_range,
+        beam_hardening_range=(phantom.beam_hardening, phantom.beam_hardening),
+    )
+    return CohortConfig(size=phantom.size, bleed_hu_range=phantom.bleed_hu_range,
+                        low_contrast_fraction=phantom.low_contrast_fraction, small_fraction=phantom.small_fraction,
+                        lookalike_probability=phantom.lookalike_probability, scanner=scanner)  # fmt: skip
+
+
 def scan_set(folder: Path, patients: int, slices: int, spacing_mm: float, workers: int,
-             split: tuple[float, float, float] = (0.7, 0.15, 0.15)) -> Path:  # fmt: skip
-    """The scan set's manifest (``split``: the shares of patients in train, validation and test) with the masks of
-    its train and validation rows blanked (labels only, as the recipe's user has them); the test rows keep theirs,
-    for scoring the maps."""
-    manifest = write_pretraining_set(folder / "scans", n_patients=patients, slices_per_patient=slices, seed=SEED,
-                                     config=CohortConfig(size=256), scan_spacing_mm=spacing_mm,
+             split: tuple[float, float, float] = (0.7, 0.15, 0.15), family: str = "cohort") -> Path:  # fmt: skip
+    """The scan set's manifest (``split``: the shares of patients in train, validation and test; ``family``: the
+    cohort's scanner ranges, or a held-out family's scanner, :func:`family_cohort`) with the masks of its train and
+    validation rows blanked (labels only, as the recipe's user has them); the test rows keep theirs, for scoring the
+    maps."""
+    config = CohortConfig(size=256) if family == "cohort" else family_cohort(HELDOUT_FAMILIES[family][0])
+    manifest = write_pretraining_set(folder / "scans", n_patients=patients, slices_per_patient=slices,
+                                     seed=FAMILY_SEEDS[family], config=config, scan_spacing_mm=spacing_mm,
                                      split_fractions=split, num_workers=workers)  # fmt: skip
     rows = pd.read_csv(manifest, dtype=str, keep_default_na=False)
     rows.loc[rows["split"] != "test", "mask"] = ""
@@ -151,19 +185,24 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> Path:
     parser.add_argument("--labels", choices=("slice", "scan"), default="slice",
                         help="what the fits learn from: a label per slice (default), or one per scan (scan_label, a"
                         " report's verdict), the record then context_scans")  # fmt: skip
+    parser.add_argument("--family", choices=list(FAMILY_SEEDS), default="cohort",
+                        help="the scans' scanner: the cohort's ranges (default), or a held-out family's (near, far;"
+                        " benchmarks.small_data), the record then context_near / context_far")  # fmt: skip
     parser.add_argument("--epochs", type=int, default=20, help="fine-tuning epochs (default 20, the recipe's)")
-    parser.add_argument("--folder", type=Path, default=Path("/tmp/vit-ct-context"), help="where the runs go")
+    parser.add_argument("--folder", type=Path, help="where the runs go (default /tmp/vit-ct-context[-FAMILY])")
     parser.add_argument("--num_workers", type=int, default=2, help="processes writing the scan set")
     parser.add_argument("--record", help="the record's name (default context, or context_scans with --labels scan)")
     parser.add_argument("--rows", nargs="+", choices=list(ROWS), default=list(ROWS),
                         help="the rows to run, the first the baseline of the time ratios (default: all)")  # fmt: skip
     args = parser.parse_args(argv)
+    family = "" if args.family == "cohort" else f"_{args.family}"
+    folder = args.folder or Path("/tmp/vit-ct-context" + family.replace("_", "-"))
     git, start = git_state(), time.perf_counter()
-    manifest = scan_set(args.folder, args.patients, args.slices, args.spacing_mm, args.num_workers,
-                        tuple(args.split))  # fmt: skip
+    manifest = scan_set(folder, args.patients, args.slices, args.spacing_mm, args.num_workers, tuple(args.split),
+                        args.family)  # fmt: skip
     scans = args.labels == "scan"
     fit_manifest, suffix = (scan_labels_only(manifest), "_scans") if scans else (None, "")
-    results = [run_row(name, ROWS[name][1], manifest, args.folder, args.epochs, fit_manifest, suffix)
+    results = [run_row(name, ROWS[name][1], manifest, folder, args.epochs, fit_manifest, suffix)
                for name in args.rows]  # fmt: skip
     base = results[0]
     rows = [
@@ -176,13 +215,17 @@ def main(argv: list[str] | None = None, records: Path | None = None) -> Path:
     formats = [None, ".3f", None, ".3f", ".2f", ".2f", ".3f", "{:.2f}x", "{:.2f}x"]
     figures = {f"{key}_{r['name']}": r[key] for r in results for key in ("auroc", "scan_auroc", "dice")}
     notes = {
-        "set": f"{args.patients} simulated scans x {args.slices} slices {args.spacing_mm:g} mm apart (seed {SEED}),"
+        "set": f"{args.patients} simulated scans x {args.slices} slices {args.spacing_mm:g} mm apart"
+        f" (seed {FAMILY_SEEDS[args.family]}"
+        + ("" if args.family == "cohort" else f", every patient on the scanner of the held-out family {args.family}")
+        + "),"
         f" split by patient {'/'.join(f'{100 * share:g}' for share in args.split)} (train/validation/test); train"
         " and validation rows without masks"
         + ("; trained from one label per scan (scan_label), no slice label" if scans else ""),
         "results": results,
     }
-    path = write_record(args.record or f"context{suffix}", figures, command=command_line("benchmarks.context", argv),
+    name = args.record or f"context{family}{suffix}"
+    path = write_record(name, figures, command=command_line("benchmarks.context", argv),
                         tables={"context": table(columns, rows, formats)}, seconds=time.perf_counter() - start,
                         notes=notes, git=git, **({"folder": records} if records else {}))  # fmt: skip
     print(json.dumps(results, indent=1))

@@ -11,7 +11,17 @@ import pandas as pd
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from benchmarks.context import main
+from benchmarks.context import NAMED_KERNELS, family_cohort, main
+from benchmarks.small_data import HELDOUT_FAMILIES
+from vit_ct.sim.projector import Kernel, fourier_filter
+from vit_ct.sim.protocol import REFERENCE_SPACING_MM, REFERENCE_THICKNESS_MM, sample_protocol
+
+
+def protocol_scale(protocol) -> float:
+    """What the drawn dose is multiplied by for the protocol's pixel size and slice thickness."""
+    return (protocol.pixel_spacing_mm / REFERENCE_SPACING_MM) * (
+        protocol.slice_thickness_mm / REFERENCE_THICKNESS_MM
+    ) ** 0.5
 
 
 @pytest.mark.slow
@@ -41,17 +51,39 @@ def test_a_tiny_run_trains_two_rows_and_records_what_the_predictions_say(tmp_pat
 
 
 @pytest.mark.slow
-def test_scan_labels_train_from_one_label_per_scan_and_score_on_the_slices(tmp_path):
+def test_scan_labels_train_from_one_label_per_scan_and_score_on_the_slices_of_a_held_out_family(tmp_path):
     folder = tmp_path / "runs"
     main(["--patients", "16", "--slices", "6", "--epochs", "1", "--num_workers", "1", "--folder", str(folder),
-          "--rows", "sequence", "--labels", "scan"], records=tmp_path / "records")  # fmt: skip
+          "--rows", "sequence", "--labels", "scan", "--family", "far"], records=tmp_path / "records")  # fmt: skip
     slices = pd.read_csv(folder / "scans" / "labels_only.csv")
+    assert (slices["pixel_spacing_mm"] == 1.25).all() and (slices["kernel"] == "G1.30B1.50").all()  # far's scanner
     trained_on = pd.read_csv(folder / "scans" / "scan_labels_only.csv")
     assert "label" not in trained_on and "mask" not in trained_on
     lesion = slices.groupby("patient_id")["label"].max().gt(0).astype(int)  # a scan per patient
     per_scan = trained_on.groupby("patient_id")["scan_label"]
     assert (per_scan.nunique() == 1).all() and per_scan.first().equals(lesion)
     assert "scan_labels_only.csv" in (folder / "sequence_scans" / "config.yaml").read_text()
-    record = json.loads((tmp_path / "records" / "context_scans.json").read_text())
+    record = json.loads((tmp_path / "records" / "context_far_scans.json").read_text())
     predicted = pd.read_csv(folder / "sequence_scans_predict" / "predictions.csv")  # scored on the slices' labels
     assert np.isclose(record["figures"]["auroc_sequence"], roc_auc_score(predicted["label"], predicted["prob_in_scan"]))
+
+
+def test_a_held_out_familys_scans_carry_its_scanner_on_every_patient():
+    far, near = (family_cohort(HELDOUT_FAMILIES[name][0]) for name in ("far", "near"))
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        protocol = sample_protocol(rng, far.scanner, size=256)
+        assert protocol.kernel == Kernel(1.3, 1.5) and protocol.pixel_spacing_mm == 1.25
+        assert protocol.beam_hardening == 0.05 and 2e6 <= protocol.photons_per_ray / protocol_scale(protocol) <= 5e6
+        kernel = sample_protocol(rng, near.scanner, size=256).kernel  # between Shepp-Logan and the plain ramp
+        assert isinstance(kernel, Kernel) and 1.25 <= kernel.half_response <= 5.0 and kernel.edge_boost == 0
+    assert far.bleed_hu_range == (45.0, 85.0) and far.low_contrast_fraction == 0.3 and far.small_fraction == 0.3
+
+
+@pytest.mark.parametrize("name", ["ramp", "shepp-logan"])
+def test_a_named_filter_becomes_the_kernel_with_its_response_at_nyquist(name):
+    ramp = fourier_filter(256, "ramp")
+    nyquist = 128  # FFT order: index size / 2 is the Nyquist frequency
+    named = fourier_filter(256, name)[nyquist] / ramp[nyquist]
+    kernel = fourier_filter(256, NAMED_KERNELS[name])[nyquist] / ramp[nyquist]
+    assert abs(float(named) - float(kernel)) < 0.05
