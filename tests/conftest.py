@@ -208,6 +208,14 @@ def _signal_handlers_as_they_were():
     as_the_session_found_them()
 
 
+@pytest.fixture
+def ctrl_c_raises():
+    """SIGINT raises KeyboardInterrupt in this test, as in a terminal, also where the session started with SIGINT
+    ignored: a job that a script starts in the background (`make test &`) inherits it ignored, and Python then keeps
+    it so (the Ctrl-C tests failed there, never in the foreground). The autouse fixture above restores it after."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 @pytest.fixture(autouse=True)
 def _no_inherited_wandb_service():
     """An in-process W&B run (e.g. the callback tests) exports WANDB_SERVICE so that child processes join its service;

@@ -80,7 +80,7 @@ class _SlowStow(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def test_ctrl_c_while_storing_reports_every_file(tmp_path):
+def test_ctrl_c_while_storing_reports_every_file(tmp_path, ctrl_c_raises):
     files = write_study(tmp_path / "study", "pacs-0012", n_slices=3)
     server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), _SlowStow)
     server.posted, server.release = threading.Event(), threading.Event()

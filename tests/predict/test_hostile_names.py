@@ -84,7 +84,7 @@ def test_replaceable_only_when_every_file_is_the_commands_own(tmp_path):
     assert foreign_files(out, "predict") == [OUTPUT_RECORD, "maps/a.npy", "maps/verdicts.csv"]
 
 
-def test_a_swap_is_not_cut_in_two_by_ctrl_c(tmp_path):
+def test_a_swap_is_not_cut_in_two_by_ctrl_c(tmp_path, ctrl_c_raises):
     old, new = tmp_path / "out", tmp_path / ".out.1-ab.partial"
     old.mkdir()
     (old / "old.txt").write_text("old")
