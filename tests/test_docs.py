@@ -4,10 +4,13 @@ the docs that does not exist fails here. The demo's sample output has the rows a
 
 from __future__ import annotations
 
+import ast
+import io
 import json
 import re
 import shutil
 import subprocess
+import tokenize
 
 import pytest
 from conftest import ROOT
@@ -124,6 +127,72 @@ def test_the_docs_state_no_measured_figure_outside_a_generated_part():
     assert not stray, "figures without a record (measure them into one and mark them, or remove them):\n" + "\n".join(
         stray
     )
+
+
+# A measurement in the package's comments and docstrings or the configs' comments: a duration, a speed-up, a rate, a
+# cost in percent, a score. They point at the record that measured it instead (the benchmark's module).
+CODE_MEASURED = re.compile(
+    r"(?<![\w-])\d[\d,]*(\.\d+)?(-\d+(\.\d+)?)? ?(ms|s|min|minutes|seconds|hours)\b"
+    r"|\b\d+(\.\d+)?(-\d+(\.\d+)?)?x (faster|slower|cheaper|quicker|as fast)"
+    r"|\b(twice|thrice|(two|three|four|five|ten) times) (as fast|as slow|faster|slower|cheaper)"
+    r"|\b\d[\d,.]* (slices|images|steps|items|samples|scans)/s\b"
+    r"|\d+(\.\d+)?\s?% (slower|faster|more time|less time|cheaper|of the time|more memory|less memory)"
+    r"|\b(AUROC|AUC|Dice|pointing|accuracy|sensitivity|specificity)( of)? \d?\.\d+",
+)
+# Reviewed: arithmetic or a format's fact, not a measurement.
+CODE_FACTS = {
+    "4x cheaper": "a projection 2x coarser on both axes samples a quarter as much (vit_ct/sim/scanner.py)",
+}
+
+
+def comments_and_docstrings(source: str) -> list[tuple[int, str]]:
+    """Each comment and docstring of a module's ``source`` with its line, code spans (examples) removed."""
+    found = [
+        (t.start[0], t.string)
+        for t in tokenize.generate_tokens(io.StringIO(source).readline)
+        if t.type == tokenize.COMMENT
+    ]
+    for node in ast.walk(ast.parse(source)):
+        docstring = isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        if docstring and (doc := ast.get_docstring(node, clean=False)) is not None:
+            found.append((node.body[0].lineno, doc))
+    return [(line, re.sub(r"``.*?``", "", " ".join(text.split()))) for line, text in found]
+
+
+def measured_in_code(text: str, where: str) -> list[str]:
+    return [
+        f"{where}: {m.group(0)!r} in {text[max(0, m.start() - 40) : m.end() + 30]!r}"
+        for m in CODE_MEASURED.finditer(text)
+        if m.group(0) not in CODE_FACTS
+    ]
+
+
+def test_the_code_and_configs_state_no_measured_figure_and_point_at_the_record():
+    found = []
+    for path in sorted((ROOT / "vit_ct").rglob("*.py")):
+        for line, text in comments_and_docstrings(path.read_text()):
+            found += measured_in_code(text, f"{path.relative_to(ROOT)}:{line}")
+    for path in sorted((ROOT / "configs").glob("*.yaml")):
+        for line, text in enumerate(path.read_text().splitlines(), 1):
+            if "#" in text:
+                found += measured_in_code(text[text.index("#") :], f"{path.relative_to(ROOT)}:{line}")
+    assert not found, (
+        "a measured figure in code or a config: name the benchmark that records it instead:\n" + "\n".join(found)
+    )
+    example = "# 0.4 ms a slice, 1.3-1.4x faster, 860 slices/s, ~20% slower, AUROC 0.93, twice as fast; 4x cheaper"
+    seen = [line.split(": ", 1)[1].split(" in ")[0] for line in measured_in_code(example, "x")]
+    assert seen == [
+        "'0.4 ms'",
+        "'1.3-1.4x faster'",
+        "'860 slices/s'",
+        "'20% slower'",
+        "'AUROC 0.93'",
+        "'twice as fast'",
+    ]
+    assert comments_and_docstrings('"""Example: ``42.1 s``."""\nx = 1  # 0.4 ms\n') == [
+        (2, "# 0.4 ms"),
+        (1, "Example: ."),
+    ]
 
 
 def test_the_package_map_is_every_module_in_its_own_words(tmp_path):

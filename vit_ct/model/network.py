@@ -41,8 +41,8 @@ class AirSkippingViT(VisionTransformer):
     Such patches (every pixel at the floor of every window: air, padding, outside the scan circle) are attention keys
     of no token, so nothing they compute could reach another token: the blocks run only the tokens that are keys
     somewhere in the batch (each slice's own air among them masked), and air tokens keep their embedding. The same
-    logits as timm's own ``forward_features(x, attn_mask=keys)`` (:meth:`forward_features_every_token`), 1.3-1.4x
-    faster on head CT (benchmarks/air_tokens.py).
+    logits as timm's own ``forward_features(x, attn_mask=keys)`` (:meth:`forward_features_every_token`), faster
+    on head CT (benchmarks/air_tokens.py and its record).
 
     While the blocks run a subset, ``running_tokens`` is ``(index (B, t), T)``, the position of each running token
     in the full sequence; :func:`vit_ct.explain.attention.record_attention` reads it to record every block's attention

@@ -37,7 +37,7 @@ class PhantomConfig:
         lookalike_probability: chance of each bright look-alike (pineal / choroid plexus / falx calcification).
         photons_per_ray_range: dose, unattenuated photons per detector bin and view, drawn log-uniformly.
         kernels: reconstruction filters drawn uniformly: names or `Kernel`s (see `vit_ct.sim.projector.fourier_filter`).
-        beam_hardening: strength of the bone beam-hardening term (0 disables it; costs ~20% more time).
+        beam_hardening: strength of the bone beam-hardening term (0 disables it; else a coarser second projection).
         patient_bleed_fraction: share of patients who bleed at all, as scans are labelled: a patient drawn without
             one has no bleed on any slice; one drawn with one has a bleed on each slice with chance `bleed_fraction`.
             None: every patient's slices are drawn alike (each with chance `bleed_fraction`).

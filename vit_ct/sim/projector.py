@@ -237,7 +237,7 @@ def forward_project(
     frames = frames.float() * scan_circle(H, str(mu.device))
     # Batch elements become channels so all of them share one sampling grid (expand does not copy); angles go in
     # chunks of ~4M samples to stay in cache. Summing a rectangle of samples beats gathering only those inside
-    # the circle (tried: segment sums cost more than the ~20% of samples they save).
+    # the circle (tried: segment sums cost more than the samples outside it that they save).
     sums = [
         F.grid_sample(frames[None, :, k].expand(len(chunk), B, H, H), chunk, align_corners=True).sum(-1)  # (a, B, W)
         for k, group in enumerate(groups)

@@ -266,7 +266,7 @@ class SimulatorDataModule(SliceDataModule):
         lookalike_probability: Chance of each bright look-alike (pineal, choroid plexus, falx calcification).
         photons_per_ray_range: Dose range, unattenuated photons per detector bin and view, drawn log-uniformly.
         kernels: Reconstruction filters, drawn uniformly (``ramp``, ``shepp-logan``, ``cosine``, ``hamming``, ``hann``).
-        beam_hardening: Strength of the bone beam-hardening streaks (0: none; ~20% slower).
+        beam_hardening: Strength of the bone beam-hardening streaks (0: none; else a coarser second projection).
         rotation_deg: In-plane head rotation, drawn uniformly in [-rotation_deg, rotation_deg] degrees.
         slices_per_head: Training slices drawn from each synthetic head (1: a new head for every slice).
         scan_method: The scan's numerical path, ``sampled`` or ``matrix`` (faster with several slices per head).

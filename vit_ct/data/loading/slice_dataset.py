@@ -229,7 +229,7 @@ class CTSliceDataset(Dataset):
         if not rows:
             return
         # Blocks from torch's allocator: numpy asks the kernel for huge pages, which stalled in compaction where the
-        # VM's RAM held page cache (0.4 ms a 144 KiB slice against torch's 0.09; the old windowed items: 0.8-1.1)
+        # VM's RAM held page cache (benchmarks/loader_throughput.py times the cached loader)
         shape, store = (len(rows), 1, self.img_size, self.img_size), self._source
         held = {"hu": torch.empty(shape, dtype=torch.from_numpy(np.empty(0, store.hu_dtype)).dtype)}
         if store.has_masks:
@@ -317,8 +317,7 @@ class CTSliceDataset(Dataset):
 
     def __getitems__(self, indices: Sequence[int]) -> Sequence[CTBatch]:
         """What a DataLoader fetches per batch (it collates these items): from the disk cache, one gather per batch
-        instead of a round of Python per slice (which read 860 slices/s against 1,790 in a side-by-side run, one
-        process on a shared 2-core VM)."""
+        instead of a round of Python per slice (benchmarks/loader_throughput.py: the loader from the disk cache)."""
         if self.store is not None:
             return self._stored_items(indices)
         return self._held_items(indices) if self._source is not None else [self[i] for i in indices]
