@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 from sklearn.metrics import roc_auc_score
 
+from benchmarks import context_seeds
 from benchmarks.context import NAMED_KERNELS, family_cohort, main
 from benchmarks.small_data import HELDOUT_FAMILIES
 from vit_ct.sim.projector import Kernel, fourier_filter
@@ -66,6 +67,28 @@ def test_scan_labels_train_from_one_label_per_scan_and_score_on_the_slices_of_a_
     record = json.loads((tmp_path / "records" / "context_far_scans.json").read_text())
     predicted = pd.read_csv(folder / "sequence_scans_predict" / "predictions.csv")  # scored on the slices' labels
     assert np.isclose(record["figures"]["auroc_sequence"], roc_auc_score(predicted["label"], predicted["prob_in_scan"]))
+
+
+@pytest.mark.slow
+def test_each_seed_fits_the_same_set_again_and_the_record_holds_their_spread(tmp_path):
+    folder = tmp_path / "runs"
+    context_seeds.main(["--patients", "12", "--slices", "4", "--epochs", "1", "--num_workers", "1", "--folder",
+                        str(folder), "--rows", "alone", "--seeds", "0", "3", "--split", "0.5", "0.17", "0.33"],
+                       records=tmp_path / "records")  # fmt: skip
+    record = json.loads((tmp_path / "records" / "context_seeds.json").read_text())
+    figures, rows = record["figures"], record["tables"]["seeds"]["rows"]
+    assert [row[:2] for row in rows] == [["alone", 0], ["alone", 3], ["alone", "mean of 2"]]
+    for seed in (0, 3):
+        assert f"seed_everything: {seed}" in (folder / f"alone_seed{seed}" / "config.yaml").read_text()
+        slices = pd.read_csv(folder / f"alone_seed{seed}_predict" / "predictions.csv")
+        assert np.isclose(figures[f"auroc_alone_seed{seed}"], roc_auc_score(slices["label"], slices["prob"]))
+    aurocs = [figures["auroc_alone_seed0"], figures["auroc_alone_seed3"]]
+    assert np.isclose(figures["auroc_alone"], np.mean(aurocs)) and np.isclose(
+        figures["auroc_sd_alone"], np.std(aurocs, ddof=1)
+    )
+    with pytest.raises(SystemExit):  # a seed twice is refused before any work
+        context_seeds.main(["--seeds", "1", "1", "--folder", str(tmp_path / "never")], records=tmp_path / "records")
+    assert not (tmp_path / "never").exists()
 
 
 def test_a_held_out_familys_scans_carry_its_scanner_on_every_patient():
